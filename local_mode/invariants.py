@@ -29,7 +29,10 @@ OVERDUE_SECONDS = 15 * 60
 # (not the history or the goodput ledger it has no use for; measured, this saves no time that
 # shows in the campaigns' runs).
 _JOB_FIELDS = ("job_id", "job_state", C.QUEUE_PK, C.DEADLINE_PK, C.DEADLINE_SK)
-_INSTANCE_FIELDS = ("instance_state", "validation", C.DEADLINE_PK, C.DEADLINE_SK)
+_INSTANCE_FIELDS = ("instance_state", "validation", "suspect_origin", C.DEADLINE_PK, C.DEADLINE_SK)
+# A lost node flagged SUSPECT on a missing answer (recovery.lost_node_checks): the sweep looks at
+# its ECS agent until its check opens, then runs the check (models.LOST_NODE_ORIGIN).
+_LOST_NODE_ORIGIN = "lost_node"
 
 
 def _projected(repo: Repository, table: str, key: dict[str, Any],
@@ -46,11 +49,16 @@ def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
     """``{node: why}`` for each of ``nodes`` (container instance ids) in validation after
     repair with nothing due: a node back from its repair must be reached by the sweep until
     its validation ends (the jobs waiting on it have their own deadlines: forgotten_jobs),
-    else its jobs would wait on it for ever."""
+    else its jobs would wait on it for ever. Likewise a lost node flagged SUSPECT on a missing
+    answer: the sweep looks at its ECS agent, then runs its check, until the check's verdict."""
     out = {}
     for node in sorted(nodes):
         item = _projected(repo, repo.instance_table_name, {C.INSTANCE_PK: node}, _INSTANCE_FIELDS)
-        if not item or item.get("instance_state") != "REBOOTING" or not item.get("validation"):
+        if not item:
+            continue
+        state = item.get("instance_state")
+        validating = state in ("REBOOTING", "SUSPECT") and item.get("validation")
+        if not validating and not (state == "SUSPECT" and item.get("suspect_origin") == _LOST_NODE_ORIGIN):
             continue
         why = _not_due(repo, item, now, overdue_seconds)
         if why:

@@ -588,10 +588,10 @@ GPU_RESET_STARTED_BY = started_by.GPU_RESET
 GPU_VALIDATION_GROUP = f"{HEALTH_CHECK_GROUP}-validation"
 DEFAULT_GPU_RESET_FAMILY = "gpu-reset"
 
-# The custom container-instance attribute a node carries while the stack reboots it
-# (value: the reboot request's epoch seconds): the container-instance rule matches only
-# instances that carry it (event_patterns.container_instance_pattern).
-REBOOTING_ATTRIBUTE = "gpu-recovery.rebooting"
+# The custom container-instance attributes the rule matches (event_patterns' instance pattern):
+# a node the stack reboots (value: the request's epoch seconds), a lost node SUSPECT until its
+# ECS agent reconnects and the stack's own check passes it (recovery.lost_node_checks).
+REBOOTING_ATTRIBUTE, LOST_NODE_ATTRIBUTE = "gpu-recovery.rebooting", "gpu-recovery.lost-node"
 
 DEFAULT_HEALTH_CHECK_FAMILY = "gpu-health-check"
 # Reboot-only SSM document: the name local mode uses (the stack passes its own name).

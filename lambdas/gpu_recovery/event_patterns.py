@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_recovery.constants import HEALTH_CHECK_GROUP, JOB_GROUP_PREFIX, REBOOTING_ATTRIBUTE
+from gpu_recovery.constants import (
+    HEALTH_CHECK_GROUP,
+    JOB_GROUP_PREFIX,
+    LOST_NODE_ATTRIBUTE,
+    REBOOTING_ATTRIBUTE,
+)
 from gpu_recovery.domain import aws_notices
 
 
@@ -50,15 +55,19 @@ def health_check_task_pattern(cluster_arn: str) -> dict[str, Any]:
 def container_instance_pattern(cluster_arn: str) -> dict[str, Any]:
     """Container-instance state changes of the nodes the stack is rebooting: those carrying
     the custom attribute ``gpu-recovery.rebooting`` (put before the reboot is issued, deleted
-    once the node is back or given up). ECS emits a container-instance event on every task
+    once the node is back or given up); and of the lost nodes flagged SUSPECT while their host
+    still reported, whose ECS agent's reconnect starts the stack's own check
+    (``gpu-recovery.lost-node``, put with the flag, deleted once the check is under way).
+    ECS emits a container-instance event on every task
     placed or stopped and on every agent reconnect ("Amazon ECS container instance state
-    change events"); the instance monitor acts only on rebooting nodes, so the others never
+    change events"); the instance monitor acts only on these nodes, so the others never
     invoke it. The event's ``attributes`` are the ContainerInstance's, custom ones included
     (the ECS API reference: "set ... manually with the PutAttributes operation")."""
     return {
         "source": ["aws.ecs"],
         "detail-type": ["ECS Container Instance State Change"],
-        "detail": {"clusterArn": [cluster_arn], "attributes": {"name": [REBOOTING_ATTRIBUTE]}},
+        "detail": {"clusterArn": [cluster_arn],
+                   "attributes": {"name": [REBOOTING_ATTRIBUTE, LOST_NODE_ATTRIBUTE]}},
     }
 
 

@@ -3,7 +3,8 @@
 * ``recovery`` — one job's fault: GPU fault and reboot, fast path, dead GPU, application
   error, relocation (at once, spare first, after a wait), a job HELD by the breaker and
   the operator's reset, a gang above the inline fan-out;
-* ``heartbeats`` — a node lost: its agent silent and its ECS agent disconnected;
+* ``heartbeats`` — a node lost: its agent silent and its ECS agent disconnected; a wedged node:
+  its host still reporting, its ECS agent away, then back and the stack's own check passing it;
 * ``time_sharing`` — a preemption: suspend, go_suspend(), resume.
 
 Each is a ``runner.Scenario`` (its world, its set-up, what it breaks in, its own expectations)

@@ -22,6 +22,7 @@ RUNS: dict[str, Callable[[tuple[int, str] | None], Any]] = {
     **{flow: partial(recovery.run, flow) for flow in recovery.FLOWS},
     **{flow: partial(placement.run, flow) for flow in placement.FLOWS},
     "node_lost": heartbeats.run,
+    "node_wedged": partial(heartbeats.run, wedged=True),
     "time_sharing": time_sharing.run,
     "preflight_pin": preflight.run,
     **{flow: partial(preflight_evidence.run, flow) for flow in preflight_evidence.FLOWS},

@@ -10,6 +10,16 @@ decided) and, 3 minutes later, disconnected again with the node agent still sile
 node cannot be reached, so the recovery loop quarantines it (drained) for a person, the job
 FAILED and e-mailed (``node_lost``), and its other rank stopped.
 
+``node_wedged`` (``run(fault, wedged=True)``): node-b keeps its power and its node agent
+keeps reporting every 30 s, but lists no running task (a tenant's container wedged dockerd:
+the agent cannot see the task), while its ECS agent disconnects. At the two readings the
+node agent still reports: the job FAILED and e-mailed (``node_lost``), rank 0 stopped, node-b
+only flagged SUSPECT (no quarantine, no drain, nothing in its fault history) and marked
+``gpu-recovery.lost-node``. Its ECS agent reconnects (dockerd back) ``RECONNECT_AFTER_SECONDS``
+after it went: the stack's own check (the validation task, ``Repair.RECONNECT``) runs on
+node-b, healthy, and passes: node-b AVAILABLE, no check left open. The flow runs, its calls
+counted, until then (``NodeWedged.settled``).
+
 ``run(fault)`` breaks the n-th AWS call made once the job runs (the agents' reports, both
 sweeps and the handlers), once, as a throttle or a lost response; ``problems()`` lists
 what ended wrong, the backstop invariant after every event included.
@@ -24,6 +34,7 @@ from typing import Any
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
+from gpu_recovery.domain.validation import Result, judge
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
@@ -44,6 +55,9 @@ AGENT_INTERVAL_SECONDS = 30
 STALE_SECONDS = 60
 FAIL_SECONDS = 120
 RUN_LIMIT_SECONDS = 60 * MIN
+#: node_wedged: node-b's ECS agent comes back this long after it went (the escalation's two
+#: readings are ~6 minutes after it went: the job failed and the node flagged well before)
+RECONNECT_AFTER_SECONDS = 15 * MIN
 
 
 @dataclass(kw_only=True)
@@ -70,13 +84,53 @@ class RunResult(CampaignResult):
         return problems
 
 
+@dataclass(kw_only=True)
+class WedgedResult(RunResult):
+    """node_wedged: node-b flagged SUSPECT, then its own check after its ECS agent's reconnect."""
+
+    checks: list[int | None]  # the exit code of each check (validation task) run on node-b
+    validation_open: bool  # node-b still holds a check
+    suspect_origin: str  # node-b's suspect origin at the end ("" once AVAILABLE)
+    fault_history: int  # node-b's fault records
+    no_verdict_retries: int  # checks the stack ran again because one ended with no verdict
+
+    def expectations(self) -> list[str]:
+        problems = []
+        if (self.job_state, self.attempt) != (JobState.FAILED.value, 1):
+            problems.append(f"job {self.job_state} attempt {self.attempt} (want FAILED, 1)")
+        want = {PEER: InstanceState.AVAILABLE.value, LOST: InstanceState.AVAILABLE.value}
+        if self.instance_states != want:
+            problems.append(f"instances {self.instance_states} (want {want})")
+        if self.ecs_status.get(LOST) == "DRAINING":
+            problems.append(f"{LOST} is DRAINING in ECS (want it never quarantined)")
+        if not self.peer_stopped:
+            problems.append("rank 0 on the healthy node was never stopped")
+        # Exactly one check, passed; another only after a check the stack judged no verdict.
+        passes = sum(1 for code in self.checks if code == 0)
+        if passes != 1 or len(self.checks) != 1 + self.no_verdict_retries:
+            problems.append(f"checks on {LOST} exited {self.checks} with {self.no_verdict_retries} "
+                            "no-verdict retries (want one pass, a second only after no verdict)")
+        if self.validation_open:
+            problems.append(f"{LOST} still holds a check")
+        if self.fault_history:
+            problems.append(f"{LOST} has {self.fault_history} fault record(s) (a missing answer is none)")
+        problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2),
+                                               ("validation_failed", "-"): (0, 0)})
+        others = sorted({m for m in self.mails if m[0] not in ("node_lost", "validation_failed")})
+        if others:
+            problems.append(f"e-mails besides the job's node_lost: {others}")
+        return problems
+
+
 class _Agents:
     """Every node's agent, in process: each interval, the node's RUNNING tasks to the
-    heartbeat service (the node API's ``report_tasks``); a silent node sends nothing."""
+    heartbeat service (the node API's ``report_tasks``); a silent node sends nothing, a
+    wedged one (its dockerd wedged: the agent cannot list its containers) no task."""
 
     def __init__(self, sim: SimulatedEcs) -> None:
         self.sim = sim
         self.silent: set[str] = set()
+        self.wedged: set[str] = set()
 
     def start(self) -> None:
         self.sim.schedule(self.sim.now() + AGENT_INTERVAL_SECONDS, self._round, "node agents")
@@ -86,8 +140,8 @@ class _Agents:
             node = self.sim.nodes[name]
             if name in self.silent or node.rebooting:
                 continue
-            tasks = [ReportedTask(task_arn=t.arn) for t in self.sim.running_tasks(name)
-                     if t.last_status == "RUNNING"]
+            running = [] if name in self.wedged else self.sim.running_tasks(name)
+            tasks = [ReportedTask(task_arn=t.arn) for t in running if t.last_status == "RUNNING"]
             with contextlib.suppress(Exception):  # the agent reports again at its next interval
                 runtime.heartbeat_service().report_tasks(node.container_instance_id, self.sim.now(), tasks)
         self.start()
@@ -156,10 +210,61 @@ class NodeLost(Scenario[RunResult]):
         )
 
 
+class NodeWedged(NodeLost):
+    """Node-b's dockerd wedged once calls are counted: its node agent reports no task, its ECS
+    agent disconnected until ``RECONNECT_AFTER_SECONDS`` later; the host keeps its power."""
+
+    # The flow ends once node-b's check passed (``settled``), not at the job's failure. The
+    # limit leaves room for the sweep's 5-minute look (a lost mark or reconnect event), the
+    # check's start retried each minute and a check run again after no verdict.
+    run_limit_seconds = RUN_LIMIT_SECONDS
+
+    def validating_nodes(self, world: World) -> list[str]:
+        return [world.ecs.node(LOST).container_instance_id]
+
+    def settled(self, world: World) -> bool:
+        instance = world.repo.get_instance(world.ecs.node(LOST).container_instance_id)
+        return instance is not None and instance.state is InstanceState.AVAILABLE and not instance.validation
+
+    def start(self, world: World) -> None:
+        sim, agents = world.ecs, self.agents
+        assert agents is not None
+        self.peer_task = sim.running_tasks(PEER)[0].arn
+
+        def wedge() -> list[dict[str, Any]]:
+            agents.wedged.add(LOST)
+            return []
+
+        def unwedge() -> list[dict[str, Any]]:
+            agents.wedged.discard(LOST)
+            return []
+
+        sim.schedule(sim.now() + 30, wedge, "node-b's dockerd wedged")
+        sim.disconnect_agent(LOST, after=30, for_seconds=RECONNECT_AFTER_SECONDS)
+        sim.schedule(sim.now() + 30 + RECONNECT_AFTER_SECONDS, unwedge, "node-b's dockerd back")
+
+    def result(self, world: World, common: dict[str, Any]) -> WedgedResult:
+        base = super().result(world, common)
+        node = world.ecs.node(LOST)
+        instance = world.repo.get_instance(node.container_instance_id)
+        checks = [t.exit_code for t in sorted(world.ecs.tasks.values(), key=lambda t: t.created_at)
+                  if t.validation and t.node == LOST]
+        history = world.repo.get_instance_item(node.container_instance_id) or {}
+        return WedgedResult(
+            **vars(base), checks=checks,
+            validation_open=instance is None or bool(instance.validation),
+            suspect_origin=instance.suspect_origin if instance else "",
+            fault_history=len(history.get("fault_history") or []),
+            no_verdict_retries=sum(1 for code in checks if judge(code) is Result.NO_VERDICT),
+        )
+
+
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
-        dynamodb: str = DYNAMODB) -> RunResult:
-    """The flow with ``fault`` (n-th call once the job runs, mode) broken once."""
-    return run_flow(NodeLost(), fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
+        dynamodb: str = DYNAMODB, wedged: bool = False) -> RunResult:
+    """The flow with ``fault`` (n-th call once the job runs, mode) broken once; ``wedged``:
+    ``node_wedged`` (node-b's host keeps reporting, its ECS agent back later)."""
+    scenario = NodeWedged() if wedged else NodeLost()
+    return run_flow(scenario, fault, keep_timeline=keep_timeline, dynamodb=dynamodb)
 
 
 __all__ = ["run"]

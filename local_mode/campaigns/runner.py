@@ -130,6 +130,11 @@ class Scenario(ABC, Generic[R]):
     def each_minute(self, world: World, jobs: Mapping[str, Job | None]) -> None:
         """Once a simulated minute while the flow runs, with its jobs as they are."""
 
+    def settled(self, world: World) -> bool:
+        """Besides its jobs terminal, what else the flow waits for before it ends (a node's
+        own check after its job failed: its calls counted and broken too)."""
+        return True
+
     @abstractmethod
     def result(self, world: World, common: dict[str, Any]) -> R:
         """The flow's result: ``common`` holds :class:`CampaignResult`'s fields."""
@@ -220,7 +225,8 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             checked[0] = sim.now()
             jobs = {job_id: repo.get_job(job_id) for job_id in job_ids}
             scenario.each_minute(world, jobs)
-            return all(job is not None and job.state.is_terminal for job in jobs.values())
+            return (all(job is not None and job.state.is_terminal for job in jobs.values())
+                    and scenario.settled(world))
 
         sim.run_until_true(ended, max_seconds=scenario.run_limit_seconds)
         calls.disarm()

@@ -11,8 +11,10 @@ inline fan-out (3 ranks, its inline limit 2: through the gang queue; every node 
 two the stack stopped in one StartTask), an application error whose
 third exit is coupled to the first two and checked once their checks find nothing (issue 50), two
 independent faults a second apart (both caught before the job runs on either again), a node lost
-from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
-go_suspend(), resume). The GPU fault with reboot is ``test_fault_injection.py``'s.
+from heartbeats (its agent silent, its ECS agent disconnected), a wedged node (its host still
+reporting, its ECS agent disconnected: SUSPECT, then the stack's own check after its reconnect
+passes it) and a preemption (suspend, go_suspend(), resume). The GPU fault with reboot is
+``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.
@@ -82,6 +84,16 @@ def test_the_unbroken_flow_is_exactly_right(flow: str) -> None:
             # The reset task's calls are the flow's (each is broken in turn), no reboot.
             assert any(c.operation == "StartTask" and "gpu_resets" in c.site for c in result.calls)
             assert result.reboots[recovery.FAULTY] == 0 and result.facts["gpu_resets"] == 1
+    elif flow == "node_wedged":
+        # Every AWS call of the lost node's check is the flow's, so each is broken in turn: the
+        # mark, the sweep's look while its agent is away, the unmark, the check's StartTask.
+        sites = {(c.operation, c.site) for c in result.calls}
+        for call in [("PutAttributes", "recovery/lost_node_checks.py:mark_quietly"),
+                     ("DescribeContainerInstances", "recovery/lost_node_checks.py:sweep"),
+                     ("DeleteAttributes", "recovery/lost_node_checks.py:unmark_quietly"),
+                     ("StartTask", "recovery/validations.py:start_task")]:
+            assert call in sites, call
+        assert result.checks == [0]
 
 
 # Each run is forked from the unbroken run at the call it breaks (tests/crash_consistency/_forked.py).

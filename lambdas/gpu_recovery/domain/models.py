@@ -217,6 +217,12 @@ class TaskClaim:
 
 NO_CLAIM = TaskClaim()
 
+# Why a SUSPECT node is one (``Instance.suspect_origin``): the heartbeat's lost-node
+# escalation flagged it while its host still reported (its ECS agent's reconnect starts the
+# stack's own check, ``recovery.lost_node_checks``); that check found a fault (kept for a person).
+LOST_NODE_ORIGIN = "lost_node"
+RECONNECT_CHECK_FAILED_ORIGIN = "reconnect_check_failed"
+
 
 @dataclass
 class Instance:
@@ -276,6 +282,9 @@ class Instance:
     # rank's stop): a suspect, out of the stack's placements until its check (the node
     # decision) says otherwise, whatever its state says meanwhile (domain.placement).
     suspect_fence: dict[str, Any] = field(default_factory=dict)
+    # Why it is SUSPECT (LOST_NODE_ORIGIN, ...; "": not said). Set with the flag, dropped by
+    # any other change of state (``RecoveryTables.instance_update``).
+    suspect_origin: str = ""
     # The driver's warning (domain.gpu_warnings.warning_record): a repair due once its jobs
     # left, the jobs asked to move meanwhile; {} when none.
     warning: dict[str, Any] = field(default_factory=dict)
@@ -284,7 +293,8 @@ class Instance:
     # Back from its repair and proving itself under load (domain.validation): {"repair",
     # "cause", "since", "until", "level", "load_seconds", "attempts", and the task's claim:
     # "started_by", "claimed_at", "task_arn"}; {} when not validating. The node stays
-    # REBOOTING meanwhile: every job waiting for it keeps waiting, nothing places on it.
+    # REBOOTING meanwhile: every job waiting for it keeps waiting, nothing places on it. A
+    # lost node SUSPECT until its ECS agent reconnected runs the same check, staying SUSPECT.
     validation: dict[str, Any] = field(default_factory=dict)
     last_validation: dict[str, Any] = field(default_factory=dict)  # the last one's result
     # Terminated in its Auto Scaling group: the node the group launches in its place is
@@ -302,8 +312,14 @@ class Instance:
 
     @property
     def validating(self) -> bool:
-        """Repaired, its validation not passed yet (recovery.validations)."""
-        return self.state is InstanceState.REBOOTING and bool(self.validation)
+        """Repaired (or a lost node's ECS agent reconnected: SUSPECT), its validation not
+        passed yet (recovery.validations)."""
+        return self.state in (InstanceState.REBOOTING, InstanceState.SUSPECT) and bool(self.validation)
+
+    @property
+    def lost_node_suspect(self) -> bool:
+        """SUSPECT because the lost-node escalation flagged it (its host still reported)."""
+        return self.state is InstanceState.SUSPECT and self.suspect_origin == LOST_NODE_ORIGIN
 
     @property
     def left_jobs(self) -> list[tuple[str, int]]:

@@ -49,11 +49,15 @@ class Repair(str, Enum):
     REBOOT = "reboot"
     GPU_RESET = "gpu_reset"
     REPLACEMENT = "replacement"  # a new node in place of one the stack terminated
+    # None: a lost node flagged SUSPECT on a missing answer, its ECS agent connected again
+    # (recovery.lost_node_checks). Its failure is no failed repair: it stays SUSPECT for a person.
+    RECONNECT = "reconnect"
 
     @property
     def words(self) -> str:
         return {"reboot": "its reboot", "gpu_reset": "its GPU reset",
-                "replacement": "replacing a terminated node"}[self.value]
+                "replacement": "replacing a terminated node",
+                "reconnect": "its ECS agent's reconnect"}[self.value]
 
 
 class Result(str, Enum):

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.validation import Repair
+from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.repository.cordons import Worklist
 
 
@@ -97,6 +98,16 @@ class NodeBack:
     repair: Repair
     why: str
     reset_result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class AgentChanged:
+    """A container-instance state change of a node the stack is not rebooting (``instance``:
+    its item, None if unknown): a lost node's ECS agent may be back. Answers its ``Outcome``,
+    or None when the event is not a lost node's."""
+
+    instance: Instance | None
+    detail: EcsContainerInstanceDetail
 
 
 @dataclass(frozen=True)

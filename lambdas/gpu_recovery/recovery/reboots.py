@@ -68,7 +68,7 @@ from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
-from gpu_recovery.recovery.reactions import NodeBack, Reactions, RestartDue
+from gpu_recovery.recovery.reactions import AgentChanged, NodeBack, Reactions, RestartDue
 from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
@@ -237,6 +237,9 @@ class Reboots:
         inst_id = container_instance_id(detail.containerInstanceArn)
         instance = self.data.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
+            lost: Outcome | None = self.reactions.emit(AgentChanged(instance, detail))
+            if lost is not None:  # a lost node's ECS agent (recovery.lost_node_checks)
+                return lost
             if detail.attribute(REBOOTING_ATTRIBUTE) is not None:  # a mark left behind
                 return Outcome(self.unmark_quietly(detail.containerInstanceArn),
                                detail={"instance": inst_id, "why": "not rebooting"})

@@ -26,6 +26,7 @@ from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueu
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.placement import PlacementHolds
@@ -46,6 +47,7 @@ from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reactions import (
+    AgentChanged,
     CoupledToCheck,
     FaultSeen,
     Handler,
@@ -138,6 +140,8 @@ class RecoveryService:
         self.validations = Validations(repo, repo.validations, ecs, tasks, self.reboots, self.remediation,
                                        cordons, gate, notices, verdicts=verdicts, replacer=replacer,
                                        metrics=self._metrics, settings=settings, reactions=reactions)
+        self.lost_nodes = LostNodeChecks(repo, repo.validations, ecs, self.validations, metrics=self._metrics,
+                                         settings=settings)
         self.health = HealthChecks(repo, repo.health_checks, ecs, tasks, self.reboots, self.remediation,
                                    settlement, owed, notices, verdicts=verdicts, leases=repo.verdict_leases,
                                    policy=policy, metrics=self._metrics, settings=settings,
@@ -163,7 +167,8 @@ class RecoveryService:
                                       reactions=reactions)
         self.sweeper = Sweep(repo, self.faults, self.health, self.reboots, self.restarts, self.breaker,
                              self.suspensions, self.gang, self.preflights, self.warnings,
-                             validations=self.validations, aws_notices=self.aws_notices,
+                             validations=self.validations, lost_nodes=self.lost_nodes,
+                             aws_notices=self.aws_notices,
                              suspects=self.suspects, settlement=settlement, resets=resets, cordons=cordons,
                              holds=holds, notices=notices, metrics=self._metrics, settings=settings)
         reactions.declare(self._reactions())
@@ -194,6 +199,8 @@ class RecoveryService:
             # Every repaired node's return goes through its validation under load.
             on(NodeBack, lambda e: self.validations.node_back(e.instance, e.repair, e.why,
                                                               reset_result=e.reset_result)),
+            # A lost node flagged SUSPECT: its ECS agent's reconnect starts the stack's own check.
+            on(AgentChanged, lambda e: self.lost_nodes.on_change(e.instance, e.detail)),
         ]
 
     @property
@@ -255,9 +262,9 @@ class RecoveryService:
 
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
-        """A rebooting node's state change (the rule matches no other node's: a node that
-        frees reaches the waiting relocations and the spare pool through the sweep's
-        minute refresh, ``recovery.placement``)."""
+        """A rebooting node's state change, or a lost node's whose ECS agent may be back (the
+        rule matches no other node's: a node that frees reaches the waiting relocations and the
+        spare pool through the sweep's minute refresh, ``recovery.placement``)."""
         return self.reboots.on_container_instance_change(detail, event_time)
 
     def on_aws_notice(self, event: dict[str, Any]) -> Outcome:

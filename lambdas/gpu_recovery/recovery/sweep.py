@@ -46,6 +46,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
@@ -112,6 +113,7 @@ class Sweep:
     warnings: GpuWarnings | None = None
     _: KW_ONLY
     validations: Validations | None = None
+    lost_nodes: LostNodeChecks | None = None
     aws_notices: AwsNotices | None = None
     suspects: FaultSuspects
     settlement: JobSettlement
@@ -250,6 +252,8 @@ class Sweep:
         if instance.warning and self.warnings is not None \
                 and instance.state in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
             return self.warnings.sweep(instance, now)  # a driver warning: repair, or move its jobs
+        if instance.lost_node_suspect and self.lost_nodes is not None:
+            return self.lost_nodes.sweep(instance, now)  # flagged on a missing answer: its agent back?
         self.data.deadlines.clear_instance(instance.container_inst_id, instance.state)
         return "cleared"
 

@@ -38,6 +38,7 @@ class ClaimFields:
     scope: Callable[[Instance], Condition]
     attempts: str = ""  # a task that ended without a verdict is counted here ("": not counted)
     state: InstanceState = InstanceState.REBOOTING  # the node's state while the claim is held
+    also_states: tuple[InstanceState, ...] = ()  # ... or one of these (its scope tells them apart)
     # Where the lease's end is kept ("": it runs from ``claimed_at``, which a take-over moves;
     # declared: ``claimed_at`` stays when the claim is taken over, the task's time runs from it).
     lease_until: str = ""
@@ -130,8 +131,11 @@ def _check(instance: Instance) -> Condition:
 
 
 GPU_RESET = ClaimFields(GPU_RESET_TASK, "reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
+# A validation after repair (REBOOTING), or a lost node's check once its ECS agent reconnected
+# (SUSPECT, ``recovery.lost_node_checks``): the same task and claim, on its ``validation``.
 VALIDATION = ClaimFields(VALIDATION_TASK, "validation.started_by", "validation.claimed_at",
-                         "validation.task_arn", _validation, attempts="validation.attempts")
+                         "validation.task_arn", _validation, attempts="validation.attempts",
+                         also_states=(InstanceState.SUSPECT,))
 # Its time runs from its claim (``hc_claimed_at``), its lease is kept apart.
 HEALTH_CHECK = ClaimFields(HEALTH_CHECK_TASK, "hc_started_by", "hc_claimed_at", "hc_task_arn", _check,
                            attempts="hc_start_attempts", state=InstanceState.HEALTH_CHECKING,

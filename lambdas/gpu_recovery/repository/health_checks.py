@@ -41,7 +41,8 @@ class HealthCheckRepository:
             set_fields={"hc_requested_at": now, "hc_start_attempts": 0,
                         **({"hc_grouped": True} if grouped else {})},
             add_to_sets={"hc_jobs": {job_id}},
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs",
+            # A lost node's own check (SUSPECT, ``validation``) gives way to the job's.
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs", "validation",
                            *([] if grouped else ["hc_grouped"])],
             deadline_at=retry_at,
         ))

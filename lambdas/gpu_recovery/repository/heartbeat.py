@@ -206,7 +206,8 @@ class HeartbeatRepository:
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
-        return self.base.db.apply(self.base.decisions.suspect_flag(node_id, now, reason, allow_missing=True))
+        return self.base.db.apply(self.base.decisions.suspect_flag(node_id, now, reason, origin="telemetry",
+                                                                   allow_missing=True))
 
     def record_warning(self, node_id: str, record: dict[str, Any], now: float, *,
                        stale_before: float | None = None) -> bool:

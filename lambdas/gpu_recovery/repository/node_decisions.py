@@ -226,14 +226,18 @@ class NodeDecisionRepository:
         mode leaves it alone and this is recorded separately)."""
         return self.db.transact([self.lost_job_failure(job, reason, last_fault), *also])
 
-    def suspect_flag(self, inst_id: str, now: float, reason: str, *, allow_missing: bool = False) -> Update:
+    def suspect_flag(self, inst_id: str, now: float, reason: str, *, origin: str, allow_missing: bool = False,
+                     look_at: float | None = None) -> Update:
         """AVAILABLE (or, ``allow_missing``, unknown) -> SUSPECT: no new queue work; a passing
         health check returns it. The heartbeat service's flag on telemetry, and for
-        :meth:`fail_lost_job`'s ``also`` when the lost node's host still reports. Not a node
+        :meth:`fail_lost_job`'s ``also`` when the lost node's host still reports (``origin``
+        LOST_NODE_ORIGIN: its ECS agent's reconnect starts the stack's own check; ``look_at``:
+        the sweep's look, which finds a reconnect whose event never came). Not a node
         decision: nothing in its history, nothing for the breaker."""
         return self.instances.instance_update(
             inst_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
-            allow_missing=allow_missing, set_fields={"suspect_since": now, "suspect_reason": reason[:500]})
+            allow_missing=allow_missing, deadline_at=look_at,
+            set_fields={"suspect_since": now, "suspect_reason": reason[:500], "suspect_origin": origin})
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool:

@@ -40,8 +40,8 @@ class NodeTaskClaims:
         serves (its scope) and on ``claim`` (a condition on the claim itself, "": none)."""
         condition, values, names = both(fields.scope(instance), (claim, values, names))
         return self.tables.instance_update(
-            instance.container_inst_id, from_states=[fields.state], extra_condition=condition or None,
-            extra_values=values, extra_names=names, **changes)
+            instance.container_inst_id, from_states=[fields.state, *fields.also_states],
+            extra_condition=condition or None, extra_values=values, extra_names=names, **changes)
 
     def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
               lease_until: float) -> bool:

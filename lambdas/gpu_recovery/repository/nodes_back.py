@@ -71,10 +71,11 @@ class NodeBackRepository:
                                        validating_cordon=validating_cordon)
 
     def back_to_available(self, instance: Instance, now: float, fields: dict[str, Any], remove: list[str],
-                          condition: str, values: dict[str, Any], names: dict[str, str]) -> bool:
-        """REBOOTING -> AVAILABLE on ``condition``, its cordon cleared in the same transaction
-        (healthy again); its waiting jobs keep a deadline so the sweep releases them if this
-        delivery dies before it does."""
+                          condition: str, values: dict[str, Any], names: dict[str, str], *,
+                          from_state: InstanceState = InstanceState.REBOOTING) -> bool:
+        """REBOOTING (or ``from_state``) -> AVAILABLE on ``condition``, its cordon cleared in
+        the same transaction (healthy again); its waiting jobs keep a deadline so the sweep
+        releases them if this delivery dies before it does."""
         waiting = bool(instance.waiting_jobs)
         sync: list[Update] = []
         # A cordon AWS's notice put (the node goes away: recovery.aws_notices) outlives a reboot.
@@ -84,7 +85,7 @@ class NodeBackRepository:
             remove = [*remove, *gone]
             sync.append(update)
         return self.db.transact([self.instances.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING], to=InstanceState.AVAILABLE,
+            instance.container_inst_id, from_states=[from_state], to=InstanceState.AVAILABLE,
             set_fields=fields, remove_fields=remove, deadline_at=now + 60 if waiting else None,
             clear_deadline=not waiting,
             extra_condition=condition, extra_values=values, extra_names=names,

@@ -204,6 +204,7 @@ def instance_from_item(item: Mapping[str, Any]) -> Instance:
         cordon=dict(item.get("cordon") or {}),
         cordon_version=item.get("cordon_version"),
         suspect_fence=dict(item.get("suspect_fence") or {}),
+        suspect_origin=str(item.get("suspect_origin") or ""),
         warning=dict(item.get("warning") or {}),
         notice=dict(item.get("notice") or {}),
         validation=dict(item.get("validation") or {}),

@@ -177,6 +177,8 @@ class RecoveryTables:
         remove = list(remove_fields or [])
         if to is not None:
             fields["instance_state"] = to.value
+            if "suspect_origin" not in fields and "suspect_origin" not in remove:
+                remove.append("suspect_origin")  # it says why the node is SUSPECT: that flag only
         fields["updated_at"] = clock.now()
         if deadline_at is not None:
             fields[DEADLINE_PK] = DEADLINE_BUCKET

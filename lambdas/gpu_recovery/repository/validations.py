@@ -16,6 +16,7 @@ is finished by the next one, or by the sweep, never repeated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpu_recovery import clock
@@ -27,7 +28,7 @@ from gpu_recovery.constants import (
     JOB_PK,
     job_item_key,
 )
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import LOST_NODE_ORIGIN, RECONNECT_CHECK_FAILED_ORIGIN, Instance, Job
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.claim_fields import VALIDATION as CLAIM
@@ -36,6 +37,10 @@ from gpu_recovery.repository.nodes_back import NodeBackRepository
 
 # The node's validation: set when it is back from its repair, removed by its result.
 VALIDATION = "validation"
+# A lost node's SUSPECT flag with no check open (``recovery.lost_node_checks``).
+_LOST_NODE_UNCHECKED: dict[str, Any] = {
+    "extra_condition": "#so = :so AND attribute_not_exists(#val)", "extra_values": {":so": LOST_NODE_ORIGIN},
+    "extra_names": {"#so": "suspect_origin", "#val": VALIDATION}}
 
 
 class ValidationRepository:
@@ -56,8 +61,43 @@ class ValidationRepository:
             return False
         condition, values, names = CLAIM.serving(instance)
         result_fields = {"last_validation": result, "validated_at": now}
-        return self.nodes_back.back_to_available(instance, now, result_fields, [VALIDATION, "suspect_fence"],
-                                                 condition, values, names)
+        gone = [VALIDATION, "suspect_fence"]
+        if instance.state is InstanceState.SUSPECT:  # a lost node's check: no longer a suspect
+            gone += ["suspect_since", "suspect_reason"]
+        return self.nodes_back.back_to_available(instance, now, result_fields, gone, condition, values, names,
+                                                 from_state=instance.state)
+
+    # ------------------------------------------------ a lost node reconnected
+    def open_reconnect_check(self, instance: Instance, validation: dict[str, Any], now: float) -> bool:
+        """A lost node SUSPECT on a missing answer whose ECS agent reconnected: the stack's own
+        check (``validation``, ``domain.validation.new_validation`` with ``Repair.RECONNECT``)
+        on the node, which stays SUSPECT, due at once (the sweep starts it if this delivery
+        dies). Once per flag: only while no check is open and the flag is the lost node's (a
+        redelivered or late event writes nothing)."""
+        return self.db.apply(self.instances.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.SUSPECT],
+            set_fields={VALIDATION: validation}, deadline_at=now,
+            **_LOST_NODE_UNCHECKED))
+
+    def rearm_lost_node(self, instance: Instance, look_at: float) -> bool:
+        """A lost node still SUSPECT with no check open (its agent still away): looked at again."""
+        return self.db.apply(self.instances.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.SUSPECT], deadline_at=look_at,
+            **_LOST_NODE_UNCHECKED))
+
+    def fail_reconnect_check(self, instance: Instance, result: dict[str, Any], findings: dict[str, Any],
+                             reason: str, also: Sequence[Update] = ()) -> bool:
+        """The lost node's check found a fault: no failed repair (none was made) and no node
+        decision. It stays SUSPECT for a person, now for its check's evidence (``last_validation``,
+        ``last_verdict``), the check closed; with ``also`` (its e-mail, owed). On the claim as read."""
+        condition, values, names = CLAIM.serving(instance)
+        update = self.instances.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.SUSPECT],
+            set_fields={"last_validation": result, "last_verdict": findings, "suspect_reason": reason[:500],
+                        "suspect_origin": RECONNECT_CHECK_FAILED_ORIGIN},
+            remove_fields=[VALIDATION], clear_deadline=True, extra_condition=condition, extra_values=values,
+            extra_names=names)
+        return self.db.transact([update, *also])
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,

@@ -13,8 +13,8 @@ A node whose node agent still reports is alive: only its ECS agent (or the conta
 it drives, which a tenant's container can wedge) stopped answering, a missing answer that
 condemns nothing. The job fails the same way, but the node gets no node decision (no
 quarantine, no history record, nothing for the breaker): an AVAILABLE node is flagged SUSPECT
-(no new queue work until the stack's own health check passes it, or a person returns it) in
-the job's transaction.
+(no new queue work) in the job's transaction, until its ECS agent reconnects and the stack's
+own check passes it (``recovery.lost_node_checks``), or a person returns it.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from gpu_recovery.domain.classify import Decision
 from gpu_recovery.domain.escalation import NodeFaultRecord, escalate, history_from_item
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action, Budget, Trigger
-from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.models import LOST_NODE_ORIGIN, Instance, Job, Rank
 from gpu_recovery.domain.remediation_mode import Effect, effects_of
 from gpu_recovery.domain.remediation_plan import NODE_EFFECTS, RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import InstanceState, JobState
 from gpu_recovery.recovery.breaker.gate import GateAnswer
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.lost_node_checks import LOOK_SECONDS, mark_quietly
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.remediation.job_settlement import fault_record
@@ -237,11 +238,16 @@ class NodeUnreachable:
         reason = self._reason(why, plan)
         failed = replace(job, state=JobState.FAILED, last_error=reason[:1000])
         notices = [self.owed.agent_disconnected_notice(failed, after, plan, evidence, observed, flagged)]
-        flag = [repo.decisions.suspect_flag(inst_id, now, reason)] if flagged else []
+        # Its ECS agent's reconnect starts the stack's own check (recovery.lost_node_checks):
+        # its events reach the instance monitor by its mark, the sweep looks at it meanwhile.
+        flag = [repo.decisions.suspect_flag(inst_id, now, reason, origin=LOST_NODE_ORIGIN,
+                                            look_at=now + LOOK_SECONDS)] if flagged else []
         if not repo.decisions.fail_lost_job(job, reason, fault_record(evidence, plan, now, node=inst_id,
                                                                       attempt=job.attempt),
                                             also=[*flag, *self.notices.owe(notices, now)]):
             return None
+        if flagged:
+            after_commit("lost-node mark", mark_quietly, self.remediation.reboots.ecs, after)
         self._committed(notices, None, False, after, plan, failed, lost, reason)
         return "observed" if observed else "failed"
 

@@ -206,9 +206,9 @@ class RemediationNotices:
             "Job failed: ECS agent disconnected, GPU node still reporting",
             what_happened=job.last_error, what_was_done=f"{stops}; {node_done}",
             operator_action=("Look at the host's ECS agent and container runtime (memory, disk and PID "
-                             "exhaustion by a container can wedge them); a passing health check returns "
-                             "a SUSPECT node to AVAILABLE, else return it by hand as the runbook says; "
-                             "resubmit the job."),
+                             "exhaustion by a container can wedge them); once its ECS agent reconnects the "
+                             "stack runs its own DCGM check on a SUSPECT node and returns it to AVAILABLE "
+                             "if it passes, else return it by hand as the runbook says; resubmit the job."),
             details=details_of(evidence, plan, job_failed=True))
 
     def page_operator_notice(self, instance: Instance, plan: RemediationPlan, evidence: Evidence) -> Owed:

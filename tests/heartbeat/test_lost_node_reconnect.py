@@ -1,0 +1,207 @@
+"""A lost node flagged SUSPECT while its host still reported (its ECS agent disconnected at two
+readings) is never held on that missing answer alone: once its ECS agent reconnects, the stack
+runs its own check on it (the validation task, recovery.lost_node_checks), a pass returns it to
+AVAILABLE, a failure keeps it SUSPECT for a person with the check's evidence (no repair failed,
+nothing escalated); a redelivered reconnect starts nothing more, and a SUSPECT node of another
+origin keeps its own path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpu_recovery import constants as C
+from gpu_recovery.constants import GPU_VALIDATION_GROUP, InstanceState, JobState, NotificationKind
+from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings
+from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.heartbeat.service import HeartbeatService
+from gpu_recovery.recovery import RecoveryService
+from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.repository.heartbeat import HeartbeatRepository
+from gpu_recovery.settings import Settings
+from tests.heartbeat.world import NODE, task_arn
+from tests.recovery.fakes import EVENTS, FakeEcs, FakeRebooter, FakeTask, FakeVerdicts
+
+NODE_ARN = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{NODE}"
+CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
+# The mark the container-instance rule matches a lost node's events by.
+LOST_NODE_ATTRIBUTE = getattr(C, "LOST_NODE_ATTRIBUTE", "gpu-recovery.lost-node")
+
+
+class _Loop:
+    """The real recovery loop on the heartbeat test's tables (its ECS faked: the node's agent
+    disconnected until the test reconnects it)."""
+
+    def __init__(self, world: Any) -> None:
+        self.ecs = FakeEcs()
+        self.ecs.agent_connected[NODE] = False
+        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
+                            "gpu-health-check", "topic")
+        self.service = RecoveryService(world.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
+                                       FakeVerdicts(), settings)
+        world.ecs.connected = False
+        self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
+                                          HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
+                                          Notices(world.repo.notices, world.repo.faults, world.notifier),
+                                          lambda: self.service)
+
+
+def _flagged_while_reporting(world: Any) -> _Loop:
+    """The host keeps reporting with no task (its ECS introspection fails) past the limit, the
+    ECS agent read disconnected twice: the job fails, the node is flagged SUSPECT."""
+    world.seed_job("j1", world_size=1)
+    loop = _Loop(world)
+    svc = loop.heartbeat
+    world.report(svc, NODE, task_arn("j1", 0))
+    for _ in range(18):
+        world.clock.advance(60)
+        world.report(svc, NODE)
+        svc.sweep()
+    assert world.job_state("j1") is JobState.FAILED
+    assert world.instance_state(NODE) is InstanceState.SUSPECT
+    # The failed job's lost task stopped once ECS reached the node (its GPUs free).
+    loop.service.on_task_state_change(_rank_stopped())
+    return loop
+
+
+def _rank_stopped() -> EcsTaskDetail:
+    detail = json.loads((EVENTS / "training_task_stopped_exit1.json").read_text())["detail"]
+    detail.update(taskArn=task_arn("j1", 0), clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
+                  stopCode="UserInitiated", stoppedReason="gpu-recovery: node lost")
+    detail["containers"][0]["exitCode"] = 143
+    return EcsTaskDetail.model_validate(detail)
+
+
+def _instance_event(*, connected: bool, marked: bool = True, version: int = 7) -> EcsContainerInstanceDetail:
+    detail = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())["detail"]
+    attributes = [a for a in detail.get("attributes") or [] if a.get("name") != LOST_NODE_ATTRIBUTE]
+    if marked:
+        attributes.append({"name": LOST_NODE_ATTRIBUTE, "value": "1"})
+    detail.update(containerInstanceArn=NODE_ARN, clusterArn=CLUSTER_ARN, agentConnected=connected,
+                  status="ACTIVE", version=version, attributes=attributes)
+    return EcsContainerInstanceDetail.model_validate(detail)
+
+
+def _checks(loop: _Loop) -> list[FakeTask]:
+    return [t for t in loop.ecs.tasks.values() if t.node == NODE and t.group == GPU_VALIDATION_GROUP]
+
+
+def _stopped(task: FakeTask, exit_code: int) -> EcsTaskDetail:
+    task.last_status, task.exit_code = "STOPPED", exit_code
+    detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
+    detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
+                  startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
+    detail["containers"][0]["exitCode"] = exit_code
+    return EcsTaskDetail.model_validate(detail)
+
+
+def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(world) -> None:
+    """Given a node flagged SUSPECT by the lost-node escalation (its host still reporting), Then
+    the flag says why and the node carries the mark its events are matched by; When its ECS agent
+    reconnects, Then the stack's own check starts on it (the node stays SUSPECT meanwhile), a
+    redelivered or repeated reconnect starts nothing more, and the check's pass makes it AVAILABLE."""
+    loop = _flagged_while_reporting(world)
+    node = world.node_item(NODE)
+    assert node["suspect_origin"] == "lost_node"
+    assert LOST_NODE_ATTRIBUTE in loop.ecs.attributes.get(NODE, set())
+    # Still away: nothing starts.
+    assert loop.service.on_container_instance_change(_instance_event(connected=False)).action == "ignored"
+    assert _checks(loop) == []
+
+    loop.ecs.agent_connected[NODE] = True
+    outcome = loop.service.on_container_instance_change(_instance_event(connected=True))
+    assert outcome.action == "reconnect_check_opened"
+    [check] = _checks(loop)
+    assert world.instance_state(NODE) is InstanceState.SUSPECT
+    assert world.node_item(NODE)["validation"]["repair"] == "reconnect"
+    assert LOST_NODE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())  # its events no longer needed
+
+    # The same event again, and a later one (out of order): no second check.
+    assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "duplicate"
+    assert loop.service.on_container_instance_change(_instance_event(connected=True, version=9)).action \
+        == "duplicate"
+    world.clock.advance(60)
+    loop.service.sweep()
+    assert _checks(loop) == [check]
+
+    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+    node = world.node_item(NODE)
+    assert "suspect_origin" not in node and "validation" not in node
+    assert node["last_validation"]["result"] == "passed"
+    # Redelivered after the pass: nothing more (the stale mark it names is deleted).
+    assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
+    assert _checks(loop) == [check]
+
+
+def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_failed_repair(world) -> None:
+    """When the stack's check of a reconnected lost node finds a fault, Then no repair is counted as
+    failed: no node decision (no reboot, drain or history), the node stays SUSPECT for a person
+    with the check's evidence and one e-mail; a later reconnect starts no second check."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.agent_connected[NODE] = True
+    loop.service.on_container_instance_change(_instance_event(connected=True))
+    [check] = _checks(loop)
+    assert loop.service.on_health_check_stopped(_stopped(check, 2)).action == "validation_failed"
+    assert world.instance_state(NODE) is InstanceState.SUSPECT
+    node = world.node_item(NODE)
+    assert node["suspect_origin"] == "reconnect_check_failed"
+    assert node["last_validation"]["result"] == "failed" and node["last_verdict"]["exit_code"] == 2
+    assert "fault_history" not in node and "validation" not in node and "reboot_requested_at" not in node
+    assert loop.ecs.drained == [] and loop.service.repo.breaker.read() is None
+    assert [n.kind for n in world.notifier.sent][-1] is NotificationKind.VALIDATION_FAILED
+    assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
+    assert _checks(loop) == [check]
+
+
+def test_a_reconnect_whose_event_never_came_is_found_by_the_sweep(world) -> None:
+    """Given the mark's put failed (or the agent reconnected before it), When the recovery sweep
+    looks at the lost node and ECS says its agent is connected, Then its check starts."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.attributes.get(NODE, set()).discard(LOST_NODE_ATTRIBUTE)
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert LOST_NODE_ATTRIBUTE in loop.ecs.attributes.get(NODE, set())  # put again, still away
+    assert _checks(loop) == []
+    loop.ecs.agent_connected[NODE] = True
+    world.clock.advance(301)
+    loop.service.sweep()
+    [check] = _checks(loop)
+    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+
+
+def test_a_missing_answer_at_the_sweeps_look_keeps_the_look(world) -> None:
+    """Given a lost node whose reconnect event is lost, When ECS answers it MISSING at the sweep's
+    look (ECS is eventually consistent), Then the sweep looks again 5 minutes later, finds its
+    agent back and starts its check (the look was dropped on the missing answer: found by the
+    node_wedged crash campaign, DescribeContainerInstances in its failure shape)."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.missing_nodes.add(NODE)
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert _checks(loop) == [] and world.node_item(NODE).get(C.DEADLINE_SK) is not None
+    loop.ecs.missing_nodes.discard(NODE)
+    loop.ecs.agent_connected[NODE] = True
+    world.clock.advance(301)
+    loop.service.sweep()
+    [check] = _checks(loop)
+    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
+
+
+def test_a_suspect_node_of_another_origin_is_untouched_by_a_reconnect(world) -> None:
+    """Given a node SUSPECT for its telemetry, When a container-instance event of it arrives (a
+    stale mark on it, or none), Then no check starts and it stays SUSPECT (its own path: a job's
+    passing health check, or a person)."""
+    loop = _Loop(world)
+    world.seed_job("j1", world_size=1)
+    assert HeartbeatRepository(world.repo).flag_suspect(NODE, world.clock(), "Xid 79")
+    loop.ecs.agent_connected[NODE] = True
+    assert loop.service.on_container_instance_change(_instance_event(connected=True, marked=False)).action \
+        == "ignored"
+    assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert _checks(loop) == [] and world.instance_state(NODE) is InstanceState.SUSPECT
+    assert world.node_item(NODE)["suspect_origin"] == "telemetry"
