@@ -70,7 +70,7 @@ class RunResult(CampaignResult):
         return problems
 
 
-class _Agents:
+class NodeAgents:
     """Every node's agent, in process: each interval, the node's RUNNING tasks to the
     heartbeat service (the node API's ``report_tasks``); a silent node sends nothing."""
 
@@ -104,7 +104,7 @@ class NodeLost(Scenario[RunResult]):
     settle_seconds = SETTLE_SECONDS + MIN
 
     def __init__(self) -> None:
-        self.agents: _Agents | None = None
+        self.agents: NodeAgents | None = None
         self.peer_task = ""
 
     def world_options(self) -> dict[str, Any]:
@@ -118,7 +118,7 @@ class NodeLost(Scenario[RunResult]):
         td = sim.register_training_task_definition("train", gpus=8)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS * 2, exit_code=0)
         sim.start_job(JOB_ID, td, [PEER, LOST])
-        self.agents = _Agents(sim)
+        self.agents = NodeAgents(sim)
         self.agents.start()
         sim.run_for(MIN)  # registered, heartbeats flowing
         return [JOB_ID]

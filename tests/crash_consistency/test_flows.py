@@ -11,8 +11,10 @@ inline fan-out (3 ranks, its inline limit 2: through the gang queue; every node 
 two the stack stopped in one StartTask), an application error whose
 third exit is coupled to the first two and checked once their checks find nothing (issue 50), two
 independent faults a second apart (both caught before the job runs on either again), a node lost
-from heartbeats (its agent silent, its ECS agent disconnected) and a preemption (suspend,
-go_suspend(), resume). The GPU fault with reboot is ``test_fault_injection.py``'s.
+from heartbeats (its agent silent, its ECS agent disconnected), a preemption (suspend,
+go_suspend(), resume) and a node lost in a preemption's grace (the victim failed by the
+lost-node decision, its charge released, the preemptor admitted). The GPU fault with reboot
+is ``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.
