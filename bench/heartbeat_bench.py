@@ -138,7 +138,7 @@ def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
     from gpu_recovery import clock, runtime
     from gpu_recovery.constants import JOB_BY_INSTANCE_PK, JOB_PK, JobState
     from gpu_recovery.domain.heartbeat_policy import heartbeat_slot_seconds
-    from gpu_recovery.repository.heartbeat import HeartbeatRepository
+    from gpu_recovery.repository.heartbeat import heartbeat_index_fields
 
     local, counter = _setup_local()
     try:
@@ -178,7 +178,7 @@ def measure_sweep(ranks: int, stale: int = 10) -> dict[str, Any]:
                     "task_arn": {"S": f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job_id}-{r}"},
                     "container_inst_id": {"S": f"node{j:06d}"}, JOB_BY_INSTANCE_PK: {"S": f"node{j:06d}"},
                     **{k: ({"N": repr(v)} if isinstance(v, int | float) else {"S": v}) for k, v in
-                       HeartbeatRepository.heartbeat_fields(job_id, r, hb, slot).items()}}}})
+                       heartbeat_index_fields(job_id, r, hb, slot).items()}}}})
                 if len(batch) >= 25:
                     flush()
         if batch:

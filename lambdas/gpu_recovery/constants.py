@@ -11,7 +11,6 @@ from typing import Any
 
 # The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
 # re-exported for infra/ and local mode, which take every shared name from this module.
-from gpu_recovery.domain import started_by
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
     ACTIVE_JOB_STATES,
@@ -220,8 +219,9 @@ HB_BUCKET = "WATCHED"
 # 10,000 nodes x 8 ranks, reports every 30 s, 90 s slots (staggered per shard): each entry
 # moves every third report, ~1,800 index WCU/s in all, a shard ~55 on average and ~180 in the
 # 30 s after its slot starts (make bench, docs/benchmarks.md); the sweep's 32 Queries a
-# minute cost ~16 RCU.
-HB_SHARDS = 32
+# minute cost ~16 RCU. The functions' count: the stack deploys 32; local mode's two-node
+# campaign worlds give fewer (HEARTBEAT_INDEX_SHARDS: the same writes and sweep, fewer Queries).
+HB_SHARDS, ENV_HEARTBEAT_INDEX_SHARDS = 32, "HEARTBEAT_INDEX_SHARDS"
 
 # Queue indexes (issue: job queue). Sparse: only QUEUED / PENDING_RESOURCES job items
 # carry QUEUE_PK, ordered by QUEUE_SK = "<999-priority:03d>#<submitted_at:017.6f>#<job_id>"
@@ -576,12 +576,10 @@ def job_group(job_id: str) -> str:
 # Health-check tasks are started with this group / startedBy so their events are
 # routed to the DCGM monitor and never to the training-task handler.
 HEALTH_CHECK_GROUP = "gpu-recovery-health-check"
-HEALTH_CHECK_STARTED_BY = started_by.HEALTH_CHECK
 # The GPU reset task (recovery.gpu_resets): its group starts with HEALTH_CHECK_GROUP so the
 # same event rules route its STOPPED event to the health-check monitor (never to the
 # training-task handler); the monitor tells the two apart by this group.
 GPU_RESET_GROUP = f"{HEALTH_CHECK_GROUP}-gpu-reset"
-GPU_RESET_STARTED_BY = started_by.GPU_RESET
 # A repaired node's validation (recovery.validations): the health-check task definition with
 # its level and load in the container's environment; its group routes its STOPPED event to the
 # health-check monitor like the check's.

@@ -194,7 +194,7 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
     from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.recovery.notices import Notices
     from gpu_recovery.repository.heartbeat import HeartbeatRepository
-    from gpu_recovery.settings import Settings, heartbeat_settings
+    from gpu_recovery.settings import Settings, heartbeat_index_shards, heartbeat_settings
 
     session = aws.session()
     with _lock:
@@ -203,7 +203,7 @@ def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
             settings = Settings.from_env()
             repo = repository(settings)
             service = HeartbeatService(
-                repo=HeartbeatRepository(repo),
+                repo=HeartbeatRepository(repo, shards=heartbeat_index_shards()),
                 settings=heartbeat_settings(),
                 ecs=ecs_adapter(repo, settings.cluster, settings.ecs_api),
                 notices=Notices(repo.notices, repo.faults,

@@ -462,6 +462,16 @@ def heartbeat_settings(env: Mapping[str, str] | None = None) -> HeartbeatSetting
     )
 
 
+def heartbeat_index_shards(env: Mapping[str, str] | None = None) -> int:
+    """The heartbeat index's partition keys (``HB_SHARDS``, what the stack deploys; fewer only
+    where the functions are told so: local mode's two-node campaign worlds)."""
+    env = os.environ if env is None else env
+    shards = _int(env, c.ENV_HEARTBEAT_INDEX_SHARDS, c.HB_SHARDS, 1)
+    if shards > c.HB_SHARDS:
+        raise SettingsError(f"{c.ENV_HEARTBEAT_INDEX_SHARDS} must be 1..{c.HB_SHARDS}, got {shards}")
+    return shards
+
+
 def access_policy(env: Mapping[str, str] | None = None) -> AccessPolicy:
     """Who may do what through the jobs API (JSON lists or comma-separated values)."""
     from gpu_recovery.domain.models import family_of

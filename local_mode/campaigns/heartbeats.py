@@ -31,6 +31,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
@@ -55,6 +56,10 @@ AGENT_INTERVAL_SECONDS = 30
 STALE_SECONDS = 60
 FAIL_SECONDS = 120
 RUN_LIMIT_SECONDS = 60 * MIN
+# The heartbeat index of a two- or three-node world: 4 partition keys, not the 32 the stack
+# deploys for 10,000 nodes (settings.heartbeat_index_shards). The same writes and sweep, but 4
+# Queries a sweep instead of 32: those were most of a heartbeat flow's calls, each broken twice.
+SMALL_HEARTBEAT_INDEX = {C.ENV_HEARTBEAT_INDEX_SHARDS: "4"}
 #: node_wedged: node-b's ECS agent comes back this long after it went (the escalation's two
 #: readings are ~6 minutes after it went: the job failed and the node flagged well before)
 RECONNECT_AFTER_SECONDS = 15 * MIN
@@ -122,7 +127,7 @@ class WedgedResult(RunResult):
         return problems
 
 
-class _Agents:
+class NodeAgents:
     """Every node's agent, in process: each interval, the node's RUNNING tasks to the
     heartbeat service (the node API's ``report_tasks``); a silent node sends nothing, a
     wedged one (its dockerd wedged: the agent cannot list its containers) no task."""
@@ -158,11 +163,12 @@ class NodeLost(Scenario[RunResult]):
     settle_seconds = SETTLE_SECONDS + MIN
 
     def __init__(self) -> None:
-        self.agents: _Agents | None = None
+        self.agents: NodeAgents | None = None
         self.peer_task = ""
 
     def world_options(self) -> dict[str, Any]:
-        return {"heartbeat_stale_seconds": STALE_SECONDS, "node_lost_fail_seconds": FAIL_SECONDS}
+        return {"heartbeat_stale_seconds": STALE_SECONDS, "node_lost_fail_seconds": FAIL_SECONDS,
+                "extra_env": dict(SMALL_HEARTBEAT_INDEX)}
 
     def set_up(self, world: World) -> list[str]:
         sim = world.ecs
@@ -172,7 +178,7 @@ class NodeLost(Scenario[RunResult]):
         td = sim.register_training_task_definition("train", gpus=8)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS * 2, exit_code=0)
         sim.start_job(JOB_ID, td, [PEER, LOST])
-        self.agents = _Agents(sim)
+        self.agents = NodeAgents(sim)
         self.agents.start()
         sim.run_for(MIN)  # registered, heartbeats flowing
         return [JOB_ID]

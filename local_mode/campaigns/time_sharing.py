@@ -33,7 +33,7 @@ from gpu_recovery.repository.time_sharing import QuotaRepository
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow
 
 NODES = ("node-a", "node-b")
 POLL_SECONDS = 10
@@ -68,16 +68,7 @@ def expectations(result: RunResult) -> list[str]:
     if int(low.get("suspend_count") or 0) != 1 or int(low.get("resume_count") or 0) != 1:
         problems.append(f"low job suspended {low.get('suspend_count')} / resumed {low.get('resume_count')} "
                         "time(s) (want 1 / 1)")
-    # A launch whose StartTask ECS answered with a failure (placed nothing, in its 200) is
-    # aborted and launched again as the next attempt: one more attempt, the aborted one short.
-    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
-        and result.fired.operation == "StartTask"
-    if int(high.get("attempt") or 0) not in ((1, 2) if unplaced else (1,)):
-        problems.append(f"high job at attempt {high.get('attempt')} (want 1)")
-    for name, per_attempt in result.tasks_started.items():
-        whole = per_attempt[-1:] if unplaced else per_attempt
-        if any(count != 2 for count in whole) or any(count > 2 for count in per_attempt):
-            problems.append(f"{name} job: training tasks started per attempt {per_attempt} (want 2 each)")
+    problems += launch_problems(result, high, result.tasks_started)
     if result.usage != {"alice": 0, "bob": 0}:
         problems.append(f"quota usage left {result.usage} (want 0)")
     if result.checkpoints != 1:
@@ -88,6 +79,23 @@ def expectations(result: RunResult) -> list[str]:
     jobs = [str(j.get("job_id")) for j in (low, high)]
     problems += mail_problems(result.mails, {(kind, job): (0, 0) for job in jobs
                                              for kind in ("failed", "application_error", "quarantined")})
+    return problems
+
+
+def launch_problems(result: CampaignResult, high: dict[str, Any],
+                    tasks_started: dict[str, list[int]]) -> list[str]:
+    """Bob's job launched once (attempt 1) and every job's 2 training tasks started once per
+    attempt. A launch whose StartTask ECS answered with a failure (placed nothing, in its 200)
+    is aborted and launched again as the next attempt: one more attempt, the aborted one short."""
+    problems = []
+    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
+        and result.fired.operation == "StartTask"
+    if int(high.get("attempt") or 0) not in ((1, 2) if unplaced else (1,)):
+        problems.append(f"high job at attempt {high.get('attempt')} (want 1)")
+    for name, per_attempt in tasks_started.items():
+        whole = per_attempt[-1:] if unplaced else per_attempt
+        if any(count != 2 for count in whole) or any(count > 2 for count in per_attempt):
+            problems.append(f"{name} job: training tasks started per attempt {per_attempt} (want 2 each)")
     return problems
 
 
@@ -135,15 +143,24 @@ class Rank0ControlPoller:
             self.errors += 1
 
 
-class Preemption(Scenario[RunResult]):
-    """Alice's LOW job runs; once bob's HIGH job is queued, calls are counted."""
+class Preempting(Scenario[R]):
+    """Alice's LOW job runs; once bob's HIGH job is queued, calls are counted (a flow's result
+    reads both jobs with :meth:`read_jobs`)."""
 
     run_limit_seconds = RUN_LIMIT_SECONDS
+    #: the cluster's nodes, and the seconds alice's job has to checkpoint once told to suspend
+    nodes: tuple[str, ...] = NODES
+    low_grace_seconds = 120
+    high_run_seconds = HIGH_RUN_SECONDS  # bob's job, once it runs
+    low_alone_seconds = MIN  # alice's job runs this long before bob's is queued
 
     def __init__(self) -> None:
         self.low = self.high = ""
         self.program: Rank0ControlPoller | None = None
         self.quotas: QuotaRepository | None = None
+
+    def low_running(self, world: World) -> None:
+        """Alice's job just started (calls not counted yet)."""
 
     def world_options(self) -> dict[str, Any]:
         return {"extra_env": {C.ENV_CONTROL_API_URL: "https://control.invalid/prod"}}
@@ -151,22 +168,20 @@ class Preemption(Scenario[RunResult]):
     def set_up(self, world: World) -> list[str]:
         local, sim = world.aws, world.ecs
         world.schedule_queue_scheduler(60)
-        for node in NODES:
+        for node in self.nodes:
             sim.add_node(node, gpus=8)
-        repo = world.repo
         self.quotas = QuotaRepository(local.resource("dynamodb"), local.quota_table)
         self.quotas.set_limit("alice", int(Priority.LOW), 2, by="campaign", now=sim.now())
         low_td = sim.register_training_task_definition("low", gpus=8)
         sim.plan_family("low", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
         high_td = sim.register_training_task_definition("high", gpus=8)
-        sim.plan_family("high", run_seconds=HIGH_RUN_SECONDS, exit_code=0)
+        sim.plan_family("high", run_seconds=self.high_run_seconds, exit_code=0)
         self.low = world.submit_queue_job({
             "name": "alice-low", "task_definition": low_td, "nnodes": 2, "gpus_per_node": 8,
-            "priority": "LOW", "suspend_grace_seconds": 120}, "alice")
+            "priority": "LOW", "suspend_grace_seconds": self.low_grace_seconds}, "alice")
         sim.run_for(MIN + 5)  # the scheduler's tick starts it
-        self.program = Rank0ControlPoller(sim, repo, self.low)
-        self.program.start()
-        sim.run_for(MIN)
+        self.low_running(world)
+        sim.run_for(self.low_alone_seconds)
         # Resumed from its checkpoint, alice's job needs only what was left.
         sim.plan_family("low", run_seconds=LOW_RUN_SECONDS, exit_code=0)
         self.high = world.submit_queue_job({
@@ -176,9 +191,12 @@ class Preemption(Scenario[RunResult]):
         # (made retry-safe by its Idempotency-Key), the preemption is this one.
         return [self.low, self.high]
 
-    def result(self, world: World, common: dict[str, Any]) -> RunResult:
-        repo, sim, quotas, program = world.repo, world.ecs, self.quotas, self.program
-        assert quotas is not None and program is not None
+    def read_jobs(self, world: World, common: dict[str, Any]) -> dict[str, Any]:
+        """Both jobs as they ended: their items (``jobs``), training tasks started per attempt,
+        quota usage left per user and tasks of an earlier attempt the stack never stopped; a
+        job still holding its charge is stuck (added to ``common``)."""
+        repo, sim, quotas = world.repo, world.ecs, self.quotas
+        assert quotas is not None
         jobs = {"low": repo.get_job_item(self.low) or {}, "high": repo.get_job_item(self.high) or {}}
         started: dict[str, list[int]] = {}
         left_running: list[str] = []
@@ -194,9 +212,21 @@ class Preemption(Scenario[RunResult]):
                  for user, level in (("alice", int(Priority.LOW)), ("bob", int(Priority.HIGH)))}
         common["stuck"] = common["stuck"] + [f"charge of {j.get('job_id')}" for j in jobs.values()
                                              if j.get("quota_charge")]
-        return RunResult(**common, jobs=jobs, tasks_started=started, usage=usage,
-                         checkpoints=program.checkpoints, left_running=left_running)
+        return {"jobs": jobs, "tasks_started": started, "usage": usage, "left_running": left_running}
 
+
+
+class Preemption(Preempting[RunResult]):
+    """The preemption: alice's rank 0 checkpoints and calls go_suspend()."""
+
+    def low_running(self, world: World) -> None:
+        """Alice's job just started (calls not counted yet): its rank 0's program polls."""
+        self.program = Rank0ControlPoller(world.ecs, world.repo, self.low)
+        self.program.start()
+
+    def result(self, world: World, common: dict[str, Any]) -> RunResult:
+        assert self.program is not None
+        return RunResult(**common, **self.read_jobs(world, common), checkpoints=self.program.checkpoints)
 
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
         dynamodb: str = DYNAMODB) -> RunResult:

@@ -13,8 +13,9 @@ third exit is coupled to the first two and checked once their checks find nothin
 independent faults a second apart (both caught before the job runs on either again), a node lost
 from heartbeats (its agent silent, its ECS agent disconnected), a wedged node (its host still
 reporting, its ECS agent disconnected: SUSPECT, then the stack's own check after its reconnect
-passes it) and a preemption (suspend, go_suspend(), resume). The GPU fault with reboot is
-``test_fault_injection.py``'s.
+passes it), a preemption (suspend, go_suspend(), resume) and a node lost in a preemption's grace
+(the victim failed by the lost-node decision, its charge released, the preemptor admitted). The
+GPU fault with reboot is ``test_fault_injection.py``'s.
 
 Without ``GPU_RECOVERY_FAULTS=all`` (``make test-slow``) the first call of every call site
 of each flow is broken; with it (``make test-campaigns``, which ``.ci/run`` runs) every call.

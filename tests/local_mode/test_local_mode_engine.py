@@ -18,6 +18,7 @@ from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery import event_patterns as patterns
 from gpu_recovery.adapters import aws
+from gpu_recovery.domain import started_by
 from local_mode import events as ev
 from local_mode.emulator import LocalAws
 from local_mode.sim.api_errors import ATTEMPTS, INTERNAL, THROTTLING, UNAVAILABLE
@@ -94,7 +95,7 @@ def _start_hc(local: LocalAws, node_arn: str) -> dict[str, Any]:
         taskDefinition=local.health_check_task_definition_arn,
         containerInstances=[node_arn],
         group=C.HEALTH_CHECK_GROUP,
-        startedBy=C.HEALTH_CHECK_STARTED_BY,
+        startedBy=started_by.HEALTH_CHECK,
     )
 
 

@@ -11,6 +11,7 @@ import contextlib
 import pytest
 
 from gpu_recovery import constants as C
+from gpu_recovery.domain import started_by
 from gpu_recovery.domain.models import GPU_RESET_TASK
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
 from gpu_recovery.domain.remediation_settings import RemediationSettings
@@ -46,7 +47,7 @@ def test_a_reset_class_xid_resets_the_gpus_and_the_job_restarts_on_the_same_node
     with world() as w:
         arns = xid_fault(w)
         [task] = resets_on(w, FAULTY)
-        assert task.started_by.startswith(C.GPU_RESET_STARTED_BY) and w.rebooter.calls == []
+        assert task.started_by.startswith(started_by.GPU_RESET) and w.rebooter.calls == []
         assert w.ecs.health_checks_on(FAULTY) == []
         instance = w.repo.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending

@@ -75,8 +75,9 @@ SETTLE_CONDITIONS = {
 class HeartbeatRepository:
     """Heartbeat bookkeeping on the job and container-instance tables."""
 
-    def __init__(self, base: Repository) -> None:
+    def __init__(self, base: Repository, *, shards: int = HB_SHARDS) -> None:
         self.base = base
+        self.shards = shards  # the heartbeat index's partition keys (HB_SHARDS deployed)
         self._jobs = base._ddb.Table(base.job_table_name)
         self._instances = base._ddb.Table(base.instance_table_name)
 
@@ -130,9 +131,9 @@ class HeartbeatRepository:
         """Watched ranks whose last heartbeat is older than ``cutoff``: each shard of the
         sparse index read for the slots that start before it (keys only), then those items
         (BatchGetItem) kept if their exact last heartbeat is. Reads grow with the stale
-        ranks (and the HB_SHARDS Queries), never with the healthy ones."""
+        ranks (and the ``shards`` Queries), never with the healthy ones."""
         keys: list[dict[str, Any]] = []
-        for shard in range(HB_SHARDS):
+        for shard in range(self.shards):
             keys.extend({JOB_PK: entry[JOB_PK]} for entry in self._query_all({
                 "IndexName": JOB_BY_HEARTBEAT_INDEX,
                 "KeyConditionExpression": "#b = :b AND #h < :cutoff",
@@ -144,13 +145,8 @@ class HeartbeatRepository:
                        and not isinstance(i.get(HB_AT), bool) and float(i[HB_AT]) < cutoff),
                       key=lambda i: str(i[JOB_PK]))
 
-    @staticmethod
-    def heartbeat_fields(job_id: str, rank: int, at: float, slot_seconds: int) -> dict[str, Any]:
-        """What a heartbeat at ``at`` sets on a rank item: the exact time and the rank's
-        place in the heartbeat index (its shard, the slot ``at`` falls in)."""
-        shard = heartbeat_shard(job_id, rank, HB_SHARDS)
-        return {HB_AT: at, HB_PK: _shard_key(shard),
-                HB_SK: heartbeat_slot(at, slot_seconds, shard, HB_SHARDS)}
+    def heartbeat_fields(self, job_id: str, rank: int, at: float, slot_seconds: int) -> dict[str, Any]:
+        return heartbeat_index_fields(job_id, rank, at, slot_seconds, self.shards)
 
     def _query_all(self, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -335,6 +331,14 @@ class HeartbeatRepository:
     # A node lost with its agent disconnected is a node decision of the recovery loop
     # (``NodeDecisionRepository.record`` with ``lost_job_failure``): the breaker and observe
     # mode apply to its quarantine like to any other.
+
+
+def heartbeat_index_fields(job_id: str, rank: int, at: float, slot_seconds: int,
+                           shards: int = HB_SHARDS) -> dict[str, Any]:
+    """What a heartbeat at ``at`` sets on a rank item: the exact time and the rank's place in
+    the heartbeat index (its shard of ``shards``, the slot ``at`` falls in)."""
+    shard = heartbeat_shard(job_id, rank, shards)
+    return {HB_AT: at, HB_PK: _shard_key(shard), HB_SK: heartbeat_slot(at, slot_seconds, shard, shards)}
 
 
 def _shard_key(shard: int) -> str:
