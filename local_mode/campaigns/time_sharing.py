@@ -215,7 +215,6 @@ class Preempting(Scenario[R]):
         return {"jobs": jobs, "tasks_started": started, "usage": usage, "left_running": left_running}
 
 
-
 class Preemption(Preempting[RunResult]):
     """The preemption: alice's rank 0 checkpoints and calls go_suspend()."""
 
@@ -227,6 +226,7 @@ class Preemption(Preempting[RunResult]):
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         assert self.program is not None
         return RunResult(**common, **self.read_jobs(world, common), checkpoints=self.program.checkpoints)
+
 
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
         dynamodb: str = DYNAMODB) -> RunResult:

@@ -10,8 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpu_recovery import constants as C
-from gpu_recovery.constants import GPU_VALIDATION_GROUP, InstanceState, JobState, NotificationKind
+from gpu_recovery.constants import (
+    DEADLINE_SK,
+    GPU_VALIDATION_GROUP,
+    LOST_NODE_ATTRIBUTE,
+    InstanceState,
+    JobState,
+    NotificationKind,
+)
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.heartbeat.service import HeartbeatService
@@ -24,8 +30,6 @@ from tests.recovery.fakes import EVENTS, FakeEcs, FakeRebooter, FakeTask, FakeVe
 
 NODE_ARN = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{NODE}"
 CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
-# The mark the container-instance rule matches a lost node's events by.
-LOST_NODE_ATTRIBUTE = getattr(C, "LOST_NODE_ATTRIBUTE", "gpu-recovery.lost-node")
 
 
 class _Loop:
@@ -180,7 +184,7 @@ def test_a_missing_answer_at_the_sweeps_look_keeps_the_look(world) -> None:
     loop.ecs.missing_nodes.add(NODE)
     world.clock.advance(301)
     loop.service.sweep()
-    assert _checks(loop) == [] and world.node_item(NODE).get(C.DEADLINE_SK) is not None
+    assert _checks(loop) == [] and world.node_item(NODE).get(DEADLINE_SK) is not None
     loop.ecs.missing_nodes.discard(NODE)
     loop.ecs.agent_connected[NODE] = True
     world.clock.advance(301)
