@@ -21,7 +21,6 @@ from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import (
     BACKSTOP_MARGIN_SECONDS,
     MIN_DISCONNECT_CONFIRM_SECONDS,
-    HeartbeatSettings,
     ReportedTask,
 )
 from gpu_recovery.domain.remediation_mode import parse_remediation_mode
@@ -30,8 +29,6 @@ from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
 from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.queue.time_sharing import TimeSharing
-from gpu_recovery.recovery import RecoveryService
-from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository import Update
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.repository.time_sharing import (
@@ -40,9 +37,8 @@ from gpu_recovery.repository.time_sharing import (
     QuotaRepository,
     SuspensionRepository,
 )
-from gpu_recovery.settings import Settings, TimeSharingSettings
-from tests.heartbeat.world import NODE, NODE_B, task_arn
-from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
+from gpu_recovery.settings import TimeSharingSettings
+from tests.heartbeat.world import NODE, NODE_B, RecoveryLoop, task_arn
 
 
 def test_report_refreshes_ranks_and_node(world) -> None:
@@ -235,28 +231,7 @@ def test_node_lost_too_long_with_agent_connected_goes_to_recovery(world) -> None
     assert world.recovery.from_states[0] == [JobState.NODE_LOST]
 
 
-class _Loop:
-    """The real recovery loop on the heartbeat test's tables (its ECS, reboot API and
-    verdicts faked), for the node-lost paths that end in a node decision."""
-
-    def __init__(self, world, remediation: RemediationSettings | None = None, *,
-                 cluster_nodes: int = 0) -> None:
-        self.ecs = FakeEcs()
-        self.ecs.agent_connected[NODE] = False
-        self.ecs.spare_nodes = [f"spare-{i}" for i in range(cluster_nodes)]
-        self.repo = Flaky(world.repo)
-        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
-                            "gpu-health-check", "topic", remediation=remediation or RemediationSettings())
-        self.service = RecoveryService(self.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
-                                       FakeVerdicts(), settings)
-        world.ecs.connected = False
-        self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
-                                          HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
-                                          Notices(world.repo.notices, world.repo.faults, world.notifier),
-                                          lambda: self.service)
-
-
-def _lost_too_long(world, loop: _Loop, job: str = "j1") -> SweepResult:
+def _lost_too_long(world, loop: RecoveryLoop, job: str = "j1") -> SweepResult:
     """NODE_LOST past the limit with the node agent silent (``_lose``), the ECS agent read
     disconnected at a first sweep (nothing decided) and again 3 minutes later: that sweep's result."""
     _lose(world, loop.heartbeat, job)
@@ -275,7 +250,7 @@ def test_node_lost_too_long_with_agent_disconnected_fails_and_quarantines(world)
     summary of its evidence), one NODE_LOST notification; the rank leaves the heartbeat
     index."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     assert _lost_too_long(world, loop).failed == ["j1"]
     assert world.job_state("j1") is JobState.FAILED
     assert world.instance_state(NODE) is InstanceState.QUARANTINED
@@ -305,7 +280,7 @@ def test_observe_mode_and_a_lost_node_stop_and_drain_nothing(world) -> None:
     AVAILABLE with the would-be quarantine recorded as not executed, the job FAILED in the
     table only, one 'observed' e-mail, and the rank is no longer watched."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world, RemediationSettings(modes=parse_remediation_mode("observe")))
+    loop = RecoveryLoop(world, RemediationSettings(modes=parse_remediation_mode("observe")))
     assert _lost_too_long(world, loop).failed == ["j1"]
     assert loop.ecs.stop_calls == [] and loop.ecs.drained == []
     assert world.ecs.stopped == [] and world.ecs.drained == []
@@ -326,7 +301,7 @@ def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
     lost with its agent disconnected, Then it is not drained: SUSPECT with the held-back
     quarantine in the backlog; the job still fails and its task is asked to stop."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world, cluster_nodes=2)
+    loop = RecoveryLoop(world, cluster_nodes=2)
     decided = breaker.record_action(None, node="other", action="reboot", now=world.clock() + 800,
                                     cluster_gpu_nodes=2)
     assert loop.repo.breaker.save(decided.state, None)
@@ -348,7 +323,7 @@ def test_a_lost_node_decision_whose_answer_was_lost_is_finished_by_the_next_swee
     ran), When the heartbeat sweep runs again, Then the job's tasks are asked to stop once,
     and the recovery sweep drains the node (its follow-up deadline)."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     loop.repo.fail_once("decisions.record", "lose")
     assert _lost_too_long(world, loop).failed == []
     assert world.job_state("j1") is JobState.FAILED and loop.ecs.stop_calls == [] and loop.ecs.drained == []
@@ -372,7 +347,7 @@ def test_a_lost_node_whose_host_still_reports_is_a_suspect_never_quarantined(wor
     unreachable node (its task asked to stop) but the node is not condemned: SUSPECT (no new
     work), not drained, nothing in its history or in the breaker's window, one e-mail saying so."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     svc = loop.heartbeat
     world.report(svc, NODE, task_arn("j1", 0))
     for _ in range(15):  # the host reports every minute, listing no task
@@ -412,7 +387,7 @@ def test_a_lost_node_is_unreachable_only_when_a_later_reading_confirms_it(world)
     backstop, due before any later reading, waits for it instead of handing the job on; When a
     sweep at least 3 minutes after the first reads it again, Then the node is quarantined as before."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     _lose(world, loop.heartbeat)
     lost_at = world.clock()
     world.clock.advance(601)
@@ -651,7 +626,7 @@ def test_a_node_lost_for_good_while_its_job_is_suspending_fails_the_job(world, h
     its task asked to stop, one e-mail; the node is quarantined (both agents silent) or flagged
     SUSPECT (its host still reports); the scheduler's tick releases the job's quota charge."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     svc = loop.heartbeat
     holding = _charged_and_suspending(world, svc)
     world.clock.advance(700)

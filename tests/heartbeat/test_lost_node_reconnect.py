@@ -18,43 +18,20 @@ from gpu_recovery.constants import (
     JobState,
     NotificationKind,
 )
-from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
-from gpu_recovery.heartbeat.service import HeartbeatService
-from gpu_recovery.recovery import RecoveryService
-from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from gpu_recovery.settings import Settings
-from tests.heartbeat.world import NODE, task_arn
-from tests.recovery.fakes import EVENTS, FakeEcs, FakeRebooter, FakeTask, FakeVerdicts
+from tests.heartbeat.world import NODE, RecoveryLoop, task_arn
+from tests.recovery.fakes import EVENTS, FakeTask
 
 NODE_ARN = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{NODE}"
 CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
 
 
-class _Loop:
-    """The real recovery loop on the heartbeat test's tables (its ECS faked: the node's agent
-    disconnected until the test reconnects it)."""
-
-    def __init__(self, world: Any) -> None:
-        self.ecs = FakeEcs()
-        self.ecs.agent_connected[NODE] = False
-        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
-                            "gpu-health-check", "topic")
-        self.service = RecoveryService(world.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
-                                       FakeVerdicts(), settings)
-        world.ecs.connected = False
-        self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
-                                          HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
-                                          Notices(world.repo.notices, world.repo.faults, world.notifier),
-                                          lambda: self.service)
-
-
-def _flagged_while_reporting(world: Any) -> _Loop:
+def _flagged_while_reporting(world: Any) -> RecoveryLoop:
     """The host keeps reporting with no task (its ECS introspection fails) past the limit, the
     ECS agent read disconnected twice: the job fails, the node is flagged SUSPECT."""
     world.seed_job("j1", world_size=1)
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     svc = loop.heartbeat
     world.report(svc, NODE, task_arn("j1", 0))
     for _ in range(18):
@@ -86,7 +63,7 @@ def _instance_event(*, connected: bool, marked: bool = True, version: int = 7) -
     return EcsContainerInstanceDetail.model_validate(detail)
 
 
-def _checks(loop: _Loop) -> list[FakeTask]:
+def _checks(loop: RecoveryLoop) -> list[FakeTask]:
     return [t for t in loop.ecs.tasks.values() if t.node == NODE and t.group == GPU_VALIDATION_GROUP]
 
 
@@ -198,7 +175,7 @@ def test_a_suspect_node_of_another_origin_is_untouched_by_a_reconnect(world) -> 
     """Given a node SUSPECT for its telemetry, When a container-instance event of it arrives (a
     stale mark on it, or none), Then no check starts and it stays SUSPECT (its own path: a job's
     passing health check, or a person)."""
-    loop = _Loop(world)
+    loop = RecoveryLoop(world)
     world.seed_job("j1", world_size=1)
     assert HeartbeatRepository(world.repo).flag_suspect(NODE, world.clock(), "Xid 79")
     loop.ecs.agent_connected[NODE] = True

@@ -176,3 +176,30 @@ class World:
                at: float | None = None) -> Any:
         items = [t if isinstance(t, ReportedTask) else ReportedTask(task_arn=t) for t in tasks]
         return svc.report_tasks(node, self.clock() if at is None else at, items)
+
+
+class RecoveryLoop:
+    """The real recovery loop on a heartbeat world's tables (its ECS, reboot API and verdicts
+    faked: the node's ECS agent disconnected until a test reconnects it, ``cluster_nodes`` spare
+    nodes), the heartbeat service handing over to it: the node-lost paths that end in a node
+    decision. ``repo``: the loop's repository, whose calls a test may break (``Flaky``)."""
+
+    def __init__(self, world: Any, remediation: Any = None, *, cluster_nodes: int = 0) -> None:
+        from gpu_recovery.domain.remediation_settings import RemediationSettings
+        from gpu_recovery.recovery import RecoveryService
+        from gpu_recovery.settings import Settings
+        from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
+
+        self.ecs = FakeEcs()
+        self.ecs.agent_connected[NODE] = False
+        self.ecs.spare_nodes = [f"spare-{i}" for i in range(cluster_nodes)]
+        self.repo = Flaky(world.repo)
+        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
+                            "gpu-health-check", "topic", remediation=remediation or RemediationSettings())
+        self.service = RecoveryService(self.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
+                                       FakeVerdicts(), settings)
+        world.ecs.connected = False
+        self.heartbeat = HeartbeatService(HeartbeatRepository(world.repo),
+                                          HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
+                                          Notices(world.repo.notices, world.repo.faults, world.notifier),
+                                          lambda: self.service)
