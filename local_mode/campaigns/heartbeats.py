@@ -75,17 +75,23 @@ class RunResult(CampaignResult):
     peer_stopped: bool  # rank 0 (on the healthy node) was stopped
 
     def expectations(self) -> list[str]:
+        problems = self.job_failed(lost_node=InstanceState.QUARANTINED)
+        if self.ecs_status.get(LOST) != "DRAINING":
+            problems.append(f"{LOST} is {self.ecs_status.get(LOST)} in ECS (want DRAINING)")
+        problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2)})
+        return problems
+
+    def job_failed(self, *, lost_node: InstanceState) -> list[str]:
+        """The job FAILED on its first attempt, its rank on the healthy node stopped, the healthy
+        node AVAILABLE and the lost one ``lost_node``."""
         problems = []
         if (self.job_state, self.attempt) != (JobState.FAILED.value, 1):
             problems.append(f"job {self.job_state} attempt {self.attempt} (want FAILED, 1)")
-        want = {PEER: InstanceState.AVAILABLE.value, LOST: InstanceState.QUARANTINED.value}
+        want = {PEER: InstanceState.AVAILABLE.value, LOST: lost_node.value}
         if self.instance_states != want:
             problems.append(f"instances {self.instance_states} (want {want})")
-        if self.ecs_status.get(LOST) != "DRAINING":
-            problems.append(f"{LOST} is {self.ecs_status.get(LOST)} in ECS (want DRAINING)")
         if not self.peer_stopped:
             problems.append("rank 0 on the healthy node was never stopped")
-        problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2)})
         return problems
 
 
@@ -100,16 +106,9 @@ class WedgedResult(RunResult):
     no_verdict_retries: int  # checks the stack ran again because one ended with no verdict
 
     def expectations(self) -> list[str]:
-        problems = []
-        if (self.job_state, self.attempt) != (JobState.FAILED.value, 1):
-            problems.append(f"job {self.job_state} attempt {self.attempt} (want FAILED, 1)")
-        want = {PEER: InstanceState.AVAILABLE.value, LOST: InstanceState.AVAILABLE.value}
-        if self.instance_states != want:
-            problems.append(f"instances {self.instance_states} (want {want})")
+        problems = self.job_failed(lost_node=InstanceState.AVAILABLE)
         if self.ecs_status.get(LOST) == "DRAINING":
             problems.append(f"{LOST} is DRAINING in ECS (want it never quarantined)")
-        if not self.peer_stopped:
-            problems.append("rank 0 on the healthy node was never stopped")
         # Exactly one check, passed; another only after a check the stack judged no verdict.
         passes = sum(1 for code in self.checks if code == 0)
         if passes != 1 or len(self.checks) != 1 + self.no_verdict_retries:

@@ -38,6 +38,7 @@ from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
+from gpu_recovery.recovery.reboots import unmark_quietly
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.validations import ValidationRepository
@@ -79,16 +80,9 @@ def mark_quietly(ecs: MarksNodes, instance: Instance) -> str:
     return "marked"
 
 
-def unmark_quietly(ecs: MarksNodes, target: str) -> str:
-    """DeleteAttributes of the mark (the check is open, or the node is no lost node's
-    suspect); a failure leaves it, and the next event it brings deletes it."""
-    try:
-        ecs.delete_attributes(target, [LOST_NODE_ATTRIBUTE])
-    except Exception as error:
-        logger.warning("deleting the lost-node mark failed; its next event deletes it",
-                       extra={"instance": target, "error": str(error)})
-        return "unmark_failed"
-    return "unmarked"
+def unmark_lost_node(ecs: MarksNodes, target: str) -> str:
+    """DeleteAttributes of the mark (the check is open, or the node is no lost node's suspect)."""
+    return unmark_quietly(ecs, target, LOST_NODE_ATTRIBUTE)
 
 
 @dataclass(eq=False, repr=False)
@@ -109,7 +103,7 @@ class LostNodeChecks:
         if instance is None or not instance.lost_node_suspect:
             if not marked:
                 return None
-            return Outcome(unmark_quietly(self.ecs, detail.containerInstanceArn),
+            return Outcome(unmark_lost_node(self.ecs, detail.containerInstanceArn),
                            detail={"instance": inst_id, "why": "not a lost node's suspect"})
         if not (detail.agentConnected and detail.status == "ACTIVE"):
             return Outcome("ignored", detail={"instance": inst_id, "why": "its ECS agent is not back"})
@@ -128,7 +122,8 @@ class LostNodeChecks:
         self.metrics.add_metric("LostNodeChecksOpened", "Count", 1)
         logger.info("lost node's ECS agent reconnected: the stack's own check runs on it", extra={
             "instance": inst_id, "validation": self.settings.validation.describe()})
-        after_commit("lost-node unmark", unmark_quietly, self.ecs, instance.container_instance_arn or inst_id)
+        after_commit("lost-node unmark", unmark_lost_node, self.ecs,
+                     instance.container_instance_arn or inst_id)
         fresh = self.data.get_instance(inst_id)
         if fresh is not None:
             after_commit("reconnect check start", self.validations.start, fresh)

@@ -95,6 +95,23 @@ class RebootData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
+class DeletesMarks(Protocol):
+    def delete_attributes(self, container_instance: str, names: list[str]) -> Any: ...
+
+
+def unmark_quietly(ecs: DeletesMarks, target: str, name: str) -> str:
+    """DeleteAttributes of the custom attribute ``name`` the container-instance rule matches
+    (the rebooting mark, a lost node's); a failure leaves the mark, which the next event it
+    brings deletes (nothing else depends on it)."""
+    try:
+        ecs.delete_attributes(target, [name])
+    except Exception as error:
+        logger.warning("deleting a node's mark failed; its next event deletes it",
+                       extra={"instance": target, "mark": name, "error": str(error)})
+        return "unmark_failed"
+    return "unmarked"
+
+
 @dataclass(eq=False, repr=False)
 class Reboots:
     """``gate``: the breaker every node action asks; ``cordons``: the node attributes kept in sync."""
@@ -221,15 +238,8 @@ class Reboots:
                                      {REBOOTING_ATTRIBUTE: str(int(instance.reboot_requested_at or 0))})
 
     def unmark_quietly(self, target: str) -> str:
-        """DeleteAttributes of the mark once the node is back or given up; a failure leaves
-        the mark, which the next event it brings deletes (nothing else depends on it)."""
-        try:
-            self.ecs.delete_attributes(target, [REBOOTING_ATTRIBUTE])
-        except Exception as error:
-            logger.warning("deleting the rebooting mark failed; its next event deletes it",
-                           extra={"instance": target, "error": str(error)})
-            return "unmark_failed"
-        return "unmarked"
+        """DeleteAttributes of the mark once the node is back or given up."""
+        return unmark_quietly(self.ecs, target, REBOOTING_ATTRIBUTE)
 
     # ------------------------------------------------------------- node is back
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
