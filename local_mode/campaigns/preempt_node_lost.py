@@ -6,8 +6,8 @@ heartbeat sweep every minute. Alice's LOW 2-node job runs; bob's HIGH 2-node job
 (one node free: it needs one of hers) and the scheduler preempts hers with a long grace
 (``GRACE_SECONDS``: rank 0 is told, and its program never calls ``go_suspend()``, so nothing
 is stopped before the grace ends; a go_suspend() would stop every rank at once, the lost one
-moved to STOP_REQUESTED and out of the heartbeat index, leaving the job to the suspension's
-fallback once its stop rounds are spent, about two hours: ``test_unconfirmed_suspension``'s).
+moved to STOP_REQUESTED but kept in the heartbeat index by its suspension's stop, and decided
+as soon by the same readings: ``tests/heartbeat/test_suspension_node_lost``'s).
 Early in the grace, the node of her rank 1 loses power: its agent silent, its ECS agent
 disconnected for good (its task RUNNING for ECS). The rank goes NODE_LOST (the job stays
 SUSPENDING); past ``node_lost_fail_seconds`` the heartbeat sweep reads the ECS agent

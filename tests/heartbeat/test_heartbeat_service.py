@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_recovery.adapters import aws
 from gpu_recovery.constants import (
     HB_PK,
     HB_SK,
-    JOB_PK,
     InstanceState,
     JobState,
     NotificationKind,
     RankState,
-    job_item_key,
 )
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
@@ -28,17 +25,11 @@ from gpu_recovery.domain.remediation_settings import RemediationSettings
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.heartbeat.results import ReplayedReport, SweepResult
 from gpu_recovery.heartbeat.service import HeartbeatService
-from gpu_recovery.queue.time_sharing import TimeSharing
-from gpu_recovery.repository import Update
-from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from gpu_recovery.repository.time_sharing import (
     HoldingRepository,
-    QuotaCharge,
-    QuotaRepository,
     SuspensionRepository,
 )
-from gpu_recovery.settings import TimeSharingSettings
-from tests.heartbeat.world import NODE, NODE_B, RecoveryLoop, task_arn
+from tests.heartbeat.world import NODE, NODE_B, RecoveryLoop, charge_quota, charge_released, task_arn
 
 
 def test_report_refreshes_ranks_and_node(world) -> None:
@@ -590,13 +581,7 @@ def test_nvlink_replays_below_the_rate_raise_nothing(world) -> None:
 def _charged_and_suspending(world, svc: HeartbeatService) -> HoldingRepository:
     """A 1-rank queue job holding one node of alice's quota, heartbeating, then preempted with
     the longest grace (its ranks are not asked to stop for an hour): SUSPENDING."""
-    quotas = QuotaRepository(aws.resource("dynamodb"), world.local.quota_table)
-    holding = HoldingRepository(world.repo, quotas)
-    charge = QuotaCharge("alice", 0, 1)
-    assert world.repo.db.transact([
-        Update(table=world.repo.job_table_name, key={JOB_PK: job_item_key("j1")},
-               set_fields={"source": "queue", **holding.charge_fields(charge, world.clock())}),
-        holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
+    holding = charge_quota(world, "j1")
     world.report(svc, NODE, task_arn("j1", 0))
     now = world.clock()
     suspend = suspend_record(SuspendKind.PREEMPTED, "preempted by job h", grace_seconds=3600, now=now,
@@ -608,13 +593,6 @@ def _charged_and_suspending(world, svc: HeartbeatService) -> HoldingRepository:
     assert world.job_state("j1") is JobState.SUSPENDING
     assert world.rank_state("j1", 0) is RankState.NODE_LOST
     return holding
-
-
-def _charge_released(world, holding: HoldingRepository) -> None:
-    """The scheduler's tick releases the quota charge of the job (it holds no nodes any more)."""
-    sharing = TimeSharing(HeartbeatRepository(world.repo), holding, None, TimeSharingSettings())  # type: ignore[arg-type]
-    assert sharing.housekeeping(world.clock())["released"] == ["j1"]
-    assert int(holding.quotas.get("alice", 0)["used_nodes"]) == 0
 
 
 @pytest.mark.parametrize("host_reporting", [False, True], ids=["both_agents_silent", "host_reporting"])
@@ -645,7 +623,7 @@ def test_a_node_lost_for_good_while_its_job_is_suspending_fails_the_job(world, h
     assert world.instance_state(NODE) is node_after
     [mail] = world.notifier.sent
     assert mail.kind is NotificationKind.NODE_LOST and "suspension could not be completed" in mail.body
-    _charge_released(world, holding)
+    charge_released(world, holding, "j1")
 
 
 def test_a_node_lost_while_suspending_whose_ecs_agent_answers_is_left_to_the_suspension(world) -> None:

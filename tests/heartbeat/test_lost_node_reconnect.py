@@ -20,11 +20,10 @@ from gpu_recovery.constants import (
 )
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from tests.heartbeat.world import NODE, RecoveryLoop, task_arn
+from tests.heartbeat.world import CLUSTER_ARN, NODE, RecoveryLoop, node_arn, rank_stopped, task_arn
 from tests.recovery.fakes import EVENTS, FakeTask
 
-NODE_ARN = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{NODE}"
-CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
+NODE_ARN = node_arn(NODE)
 
 
 def _flagged_while_reporting(world: Any) -> RecoveryLoop:
@@ -41,16 +40,8 @@ def _flagged_while_reporting(world: Any) -> RecoveryLoop:
     assert world.job_state("j1") is JobState.FAILED
     assert world.instance_state(NODE) is InstanceState.SUSPECT
     # The failed job's lost task stopped once ECS reached the node (its GPUs free).
-    loop.service.on_task_state_change(_rank_stopped())
+    loop.service.on_task_state_change(rank_stopped("j1", 0, NODE))
     return loop
-
-
-def _rank_stopped() -> EcsTaskDetail:
-    detail = json.loads((EVENTS / "training_task_stopped_exit1.json").read_text())["detail"]
-    detail.update(taskArn=task_arn("j1", 0), clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
-                  stopCode="UserInitiated", stoppedReason="gpu-recovery: node lost")
-    detail["containers"][0]["exitCode"] = 143
-    return EcsTaskDetail.model_validate(detail)
 
 
 def _instance_event(*, connected: bool, marked: bool = True, version: int = 7) -> EcsContainerInstanceDetail:

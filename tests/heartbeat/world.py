@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,23 +12,33 @@ from gpu_recovery import runtime
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import (
     DEFAULT_NODE_TOKEN_TABLE_NAME,
+    JOB_PK,
     InstanceState,
     JobState,
     RankState,
+    job_item_key,
 )
 from gpu_recovery.domain.fault_catalog import FaultCatalog
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings, ReportedTask
 from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import TokenStore
 from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.repository import Update
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
+from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaCharge, QuotaRepository
 from local_mode.emulator import LocalAws
 from tests.fixtures.clock import ManualClock
 
 NODE = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 NODE_B = "1a2b3c4d5e6f70819293a4b5c6d7e8f9"
 T0 = 1_734_220_000.0
+CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
+
+
+def node_arn(node: str) -> str:
+    return f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{node}"
 
 
 def task_arn(job: str, rank: int, attempt: int = 1) -> str:
@@ -203,3 +214,36 @@ class RecoveryLoop:
                                           HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
                                           Notices(world.repo.notices, world.repo.faults, world.notifier),
                                           lambda: self.service)
+
+
+def rank_stopped(job: str, rank: int, node: str, *, reason: str = "gpu-recovery: node lost") -> EcsTaskDetail:
+    """ECS's STOPPED event of a rank's task the stack stopped (its container killed: exit 143)."""
+    from tests.recovery.fakes import EVENTS
+
+    detail = json.loads((EVENTS / "training_task_stopped_exit1.json").read_text())["detail"]
+    detail.update(taskArn=task_arn(job, rank), clusterArn=CLUSTER_ARN, containerInstanceArn=node_arn(node),
+                  stopCode="UserInitiated", stoppedReason=reason)
+    detail["containers"][0]["exitCode"] = 143
+    return EcsTaskDetail.model_validate(detail)
+
+
+def charge_quota(world: Any, job_id: str, nodes: int = 1) -> HoldingRepository:
+    """The queue job holds ``nodes`` nodes of alice's quota (as the scheduler's launch claim wrote)."""
+    quotas = QuotaRepository(aws.resource("dynamodb"), world.local.quota_table)
+    holding = HoldingRepository(world.repo, quotas)
+    charge = QuotaCharge("alice", 0, nodes)
+    assert world.repo.db.transact([
+        Update(table=world.repo.job_table_name, key={JOB_PK: job_item_key(job_id)},
+               set_fields={"source": "queue", **holding.charge_fields(charge, world.clock())}),
+        holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
+    return holding
+
+
+def charge_released(world: Any, holding: HoldingRepository, job_id: str) -> None:
+    """The scheduler's tick releases the quota charge of the job (it holds no nodes any more)."""
+    from gpu_recovery.queue.time_sharing import TimeSharing
+    from gpu_recovery.settings import TimeSharingSettings
+
+    sharing = TimeSharing(HeartbeatRepository(world.repo), holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+    assert sharing.housekeeping(world.clock())["released"] == [job_id]
+    assert int(holding.quotas.get("alice", 0)["used_nodes"]) == 0

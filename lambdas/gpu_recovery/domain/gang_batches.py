@@ -35,11 +35,14 @@ class GangBatch:
     why: str = ""
     round: int = 0
     remediation: bool = True  # observe mode holds back a remediation's stops only
+    # A suspension's stop: its ranks stay in the heartbeat index until STOPPED (a node lost
+    # under the stop is decided by the heartbeat sweep, not the stop rounds' backstop).
+    watch: bool = False
 
     def body(self) -> dict[str, Any]:
         return {"op": self.op, "job_id": self.job_id, "attempt": self.attempt, "first": self.first,
                 "last": self.last, "why": self.why[:300], "round": self.round,
-                "remediation": self.remediation}
+                "remediation": self.remediation, "watch": self.watch}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> GangBatch:
@@ -55,11 +58,12 @@ class GangBatch:
                 or last - first > max(STOP_BATCH_RANKS, START_BATCH_RANKS):
             raise ValueError(f"malformed gang batch {dict(body)!r}")
         return cls(op, job_id, attempt, first, last, str(body.get("why") or ""), max(0, round_),
-                   bool(body.get("remediation", True)))
+                   bool(body.get("remediation", True)), bool(body.get("watch", False)))
 
 
 def batches(op: str, job_id: str, attempt: int, world_size: int, *, why: str = "", round_: int = 0,
-            remediation: bool = True) -> list[GangBatch]:
+            remediation: bool = True, watch: bool = False) -> list[GangBatch]:
     size = STOP_BATCH_RANKS if op == STOP else START_BATCH_RANKS
-    return [GangBatch(op, job_id, attempt, first, min(world_size, first + size), why, round_, remediation)
+    return [GangBatch(op, job_id, attempt, first, min(world_size, first + size), why, round_, remediation,
+                      watch)
             for first in range(0, world_size, size)]

@@ -97,6 +97,16 @@ def node_lost_expired(node_lost_at: float | None, now: float, fail_seconds: floa
     return fail_seconds > 0 and node_lost_at is not None and now - node_lost_at > fail_seconds
 
 
+def stop_unconfirmed_since(node_lost_at: Any, heartbeat_at: Any, stale_seconds: float) -> float | None:
+    """A suspension's rank asked to stop and still watched (its heartbeats no longer recorded): lost
+    since it was NODE_LOST, if it was before the stop; else since the sweep would have marked it
+    lost (its last heartbeat and the stale threshold), as a RUNNING rank silent as long would be.
+    None: neither known (never escalated)."""
+    if _number(node_lost_at):
+        return float(node_lost_at)
+    return float(heartbeat_at) + stale_seconds if _number(heartbeat_at) else None
+
+
 # ------------------------------------------------------- a lost node's ECS agent
 # A lost node's ECS agent read disconnected counts only when a later sweep visit, at least
 # this long after (or heartbeat_stale_seconds, if longer), reads it disconnected again: an

@@ -14,6 +14,15 @@ A SUSPENDING job's lost ranks are escalated too, but only to that decision: whil
 the node, its suspension's StopTask does (nothing is handed to the diag); a node lost for good
 leaves a rank no stop can confirm, so the job fails as a RUNNING one would (its suspension
 could not be completed) instead of staying SUSPENDING, holding its quota, forever.
+
+So are a suspension's ranks asked to stop (STOP_REQUESTED): its stop keeps them in the
+heartbeat index until STOPPED (``JobsAndRanks.request_rank_stop(watched=True)``), so a node
+lost just before or under the stop (a go_suspend(), or a grace ending, soon after the node was
+lost) is decided the same way and as soon: lost since it was NODE_LOST, or since its last
+heartbeat was stale (``heartbeat_policy.stop_unconfirmed_since``: its heartbeats are no longer
+recorded), escalated past ``node_lost_fail_seconds``, decided by the same two readings. A rank
+stopping normally leaves the index with its STOPPED event; one slower than that limit finds its
+ECS agent connected (nothing done: the stop's paced rounds go on).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gpu_recovery.constants import JobState
+from gpu_recovery.constants import HB_AT, JOB_PK, JobState, RankState
 from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings
 from gpu_recovery.domain.models import Rank
@@ -30,6 +39,17 @@ from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, RecoveryPort
 from gpu_recovery.repository.heartbeat import DISCONNECTED_SEEN, WATCHED_JOB_STATES, HeartbeatRepository
 
 logger = logging.getLogger(__name__)
+
+
+def lost_since(item: dict[str, Any], stale_seconds: float) -> float:
+    """When a rank the sweep escalates was lost: NODE_LOST, its ``node_lost_at``; a suspension's
+    rank asked to stop, ``heartbeat_policy.stop_unconfirmed_since``."""
+    if item.get("rank_state") == RankState.NODE_LOST.value:
+        return float(item["node_lost_at"])
+    since = policy.stop_unconfirmed_since(item.get("node_lost_at"), item.get(HB_AT), stale_seconds)
+    if since is None:
+        raise ValueError(f"rank {item.get(JOB_PK)} asked to stop has no heartbeat to be lost since")
+    return since
 
 
 class NodeLostEscalation:
@@ -53,7 +73,8 @@ class NodeLostEscalation:
         (through the breaker and observe mode) only if its node agent was silent too.
         A SUSPENDING job whose node ECS still reaches is left to its suspension's stop.
         Returns recovery | confirming | failed | unwatched | retry | suspending."""
-        lost = [(self.repo.rank_from_item(i), float(i["node_lost_at"])) for i in items]
+        stale = self.settings.stale_seconds
+        lost = [(self.repo.rank_from_item(i), lost_since(i, stale)) for i in items]
         ranks = [r for r, _ in lost]
         job = self.repo.get_job(job_id)
         if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:
@@ -64,9 +85,19 @@ class NodeLostEscalation:
             for rank in ranks:
                 self._unwatch(rank, "job is " + (job.state.value if job else "missing"))
             return "unwatched"
+        suspending = job.state is JobState.SUSPENDING
+        stray = [r for r in ranks if r.state is RankState.STOP_REQUESTED and not suspending]
+        if stray:
+            # Only a suspension's stop keeps its ranks watched (its job never runs again once it
+            # asked them to stop): unwatched; the node's lost ranks, if any, at the next sweep.
+            for rank in stray:
+                self._unwatch(rank, f"rank asked to stop, job is {job.state.value}")
+            return "unwatched"
         lost_for = int(now - min(at for _, at in lost))
         names = ", ".join(str(r.rank) for r in ranks)
-        reason = (f"rank(s) {names} NODE_LOST on {inst_id} for {lost_for} s "
+        how = "NODE_LOST" if all(r.state is RankState.NODE_LOST for r in ranks) else \
+            "silent and not confirmed stopped"
+        reason = (f"rank(s) {names} {how} on {inst_id} for {lost_for} s "
                   f"(limit {self.settings.node_lost_fail_seconds} s): suspected node fault")
         instance = self.repo.instance_from_item(node) if node else None
         arn = (instance.container_instance_arn if instance else "") or inst_id
@@ -87,9 +118,8 @@ class NodeLostEscalation:
                                                     from_states=[JobState.NODE_LOST])
             self.metrics.add_metric("NodeLostEscalated", "Count", 1)
             return "recovery"
-        stale = self.settings.stale_seconds
-        first = policy.first_disconnected_reading((i.get(DISCONNECTED_SEEN), i.get("node_lost_at"))
-                                                  for i in items)
+        first = policy.first_disconnected_reading((i.get(DISCONNECTED_SEEN), at)
+                                                  for i, (_, at) in zip(items, lost, strict=True))
         if first is None:
             # One reading proves nothing: store it, and let the recovery sweep's backstop wait
             # for the visit that confirms it.
@@ -125,6 +155,12 @@ class NodeLostEscalation:
             # Nothing will stop these ranks (observe mode) or they are another decision's now.
             for rank in ranks:
                 self._unwatch(rank, f"node lost: {outcome}")
+        if outcome in ("failed", "converged"):
+            # A suspension's ranks were asked to stop already, and the decision's stops are the
+            # failed job's (its intent): nothing is left to watch them for.
+            for rank in ranks:
+                if rank.state is RankState.STOP_REQUESTED:
+                    self._unwatch(rank, f"node lost: {outcome}")
         if outcome in ("failed", "observed"):
             self.metrics.add_metric("NodeLostFailed", "Count", 1)
             return "failed"

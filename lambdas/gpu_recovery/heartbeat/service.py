@@ -4,7 +4,8 @@ Bookkeeping (job table):
 
 * a rank item carries ``last_heartbeat_at`` / ``last_seen_in_report_at`` and, while it
   is watched (RUNNING / NODE_LOST / HUNG with at least one heartbeat, its job in
-  WATCHED_JOB_STATES), ``hb_shard`` and
+  WATCHED_JOB_STATES; and a suspension's rank STOP_REQUESTED, until STOPPED:
+  ``heartbeat.escalation``), ``hb_shard`` and
   ``hb_slot``: the sparse ``by-heartbeat-slot`` index then holds only watched ranks, over
   32 partition keys, sorted by the start of their last heartbeat's slot (half the stale
   threshold wide), so the sweep reads just the stale ones (``last_heartbeat_at < now -
@@ -495,7 +496,8 @@ class HeartbeatService:
     def sweep(self) -> SweepResult:
         """Every minute: stale watched ranks -> NODE_LOST; NODE_LOST too long -> recovery."""
         now = clock.now()
-        cutoff = policy.stale_cutoff(now, self.settings.stale_seconds)
+        stale = self.settings.stale_seconds
+        cutoff = policy.stale_cutoff(now, stale)
         items = self.repo.stale_rank_items(cutoff)
         result = SweepResult(read=len(items))
         node_ids = sorted({i.get("container_inst_id", "") for i in items} - {""})
@@ -525,6 +527,15 @@ class HeartbeatService:
                 ):
                     key = (rank.job_id, rank.attempt, rank.container_inst_id)
                     escalations.setdefault(key, []).append(item)
+            elif rank.state is RankState.STOP_REQUESTED and policy.node_lost_expired(
+                policy.stop_unconfirmed_since(item.get("node_lost_at"), item.get(HB_AT), stale),
+                now, self.settings.node_lost_fail_seconds,
+            ):
+                # A suspension's rank asked to stop (kept watched until STOPPED) and silent as long:
+                # its node may be lost under the stop (``heartbeat.escalation``).
+                escalations.setdefault((rank.job_id, rank.attempt, rank.container_inst_id), []).append(item)
+            elif rank.state is RankState.STOP_REQUESTED and self.settings.node_lost_fail_seconds > 0:
+                continue  # not silent long enough yet (most leave the index with their STOPPED event)
             elif self._unwatch(rank, reason=f"rank is {rank.state.value}"):
                 result.unwatched.append(label)
         waiting = {key for key in sorted(settle)

@@ -58,7 +58,7 @@ from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, 
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
-from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, RankState
+from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
@@ -126,7 +126,7 @@ class GangData(Protocol):
 
     def get_job(self, job_id: str) -> Job | None: ...
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]: ...
-    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float, *, watched: bool = False) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -165,8 +165,9 @@ class GangOps:
                     return Dispatched(False)
             else:
                 self.ranks.register_missing(job)  # a rank never registered could not be stopped
+        # A suspension's ranks stay watched while asked to stop (``heartbeat.escalation``).
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
-                       remediation=remediation)
+                       remediation=remediation, watch=job.state is JobState.SUSPENDING)
         if not round_ and self.queue is not None and not self.inline(job):
             # Sent once (``recovery.fanout_send``): False while another invocation holds the claim.
             if not send_once(self.fanouts, self.queue, job, "stop_fanout", attempt, work):
@@ -294,7 +295,8 @@ class GangOps:
                     result.done, result.rest = False, replace(batch, first=rank.rank)
                     result.delay_seconds, result.reason = limited.wait_seconds, "rate limited"
                     return
-            if rank.state in LIVE_RANK_STATES and not repo.request_rank_stop(rank, batch.why, clock.now()):
+            if rank.state in LIVE_RANK_STATES and not repo.request_rank_stop(rank, batch.why, clock.now(),
+                                                                              watched=batch.watch):
                 continue  # it ended (or was marked) meanwhile
             self.ecs.stop_task(rank.task_arn, reason)
             result.stopped.append(rank.rank)

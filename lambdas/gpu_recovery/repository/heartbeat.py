@@ -45,6 +45,9 @@ GPU_REPORT_KEY = "last_gpu_report_ts"
 GPU_REPORT_VERSION = "gpu_report_version"
 # On a NODE_LOST rank: when the sweep first read its node's ECS agent disconnected (this spell).
 DISCONNECTED_SEEN = "ecs_disconnected_seen_at"
+# The ranks the lost-node escalation decides on: lost, or asked to stop by a suspension and
+# still watched (their node may be lost under the stop: ``heartbeat.escalation``).
+LOST_RANK_STATES = frozenset({RankState.NODE_LOST, RankState.STOP_REQUESTED})
 
 
 def lost_attr(attempt: int) -> str:
@@ -270,14 +273,18 @@ class HeartbeatRepository:
         """The first reading of a lost node's ECS agent disconnected, on the job's first lost
         rank there (the intent: a later sweep visit that reads it disconnected again decides),
         and the job's ``heartbeat_escalate_at`` moved to ``hand_over_by`` (the recovery
-        sweep's backstop waits for that visit); only while the rank is NODE_LOST and its job
-        in ``job_state`` as read (NODE_LOST, or SUSPENDING: no backstop moved, its suspension's
-        own deadline is the sweep's)."""
+        sweep's backstop waits for that visit); only while the rank is as read (NODE_LOST, or a
+        suspension's rank STOP_REQUESTED, still watched) and its job in ``job_state`` as read
+        (NODE_LOST, or SUSPENDING: no backstop moved, its suspension's own deadline is the
+        sweep's)."""
         if job_state not in (JobState.NODE_LOST, JobState.SUSPENDING):
             raise ValueError(f"a lost node's reading is kept for a NODE_LOST or SUSPENDING job, "
                              f"not {job_state.value}")
-        rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[RankState.NODE_LOST],
-                                            set_fields={DISCONNECTED_SEEN: seen_at})
+        if rank.state not in LOST_RANK_STATES:
+            raise ValueError(f"a lost node's reading is kept on a NODE_LOST or STOP_REQUESTED rank, "
+                             f"not {rank.state.value}")
+        rank_update = self.base.rank_update(rank, rank.state, from_states=[rank.state],
+                                            set_fields={DISCONNECTED_SEEN: seen_at}, keep_watched=True)
         fields: dict[str, Any] = {"updated_at": clock.now()}
         if job_state is JobState.NODE_LOST:
             fields["heartbeat_escalate_at"] = hand_over_by
@@ -293,7 +300,7 @@ class HeartbeatRepository:
     def forget_disconnected(self, rank: Rank) -> bool:
         """The node's ECS agent read connected again: its earlier disconnected reading no longer
         counts (the next one starts over)."""
-        update = self.base.rank_update(rank, rank.state, from_states=[rank.state])
+        update = self.base.rank_update(rank, rank.state, from_states=[rank.state], keep_watched=True)
         update.remove_fields.append(DISCONNECTED_SEEN)
         return self.base.db.apply(update)
 

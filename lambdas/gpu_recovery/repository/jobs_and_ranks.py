@@ -106,11 +106,14 @@ class JobsAndRanks(RecoveryTables):
         return [self.rank_from_item(i) for i in items]
 
     # ================================================================ rank intents
-    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool:
-        """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it."""
+    def request_rank_stop(self, rank: Rank, why: str, now: float, *, watched: bool = False) -> bool:
+        """Mark a live rank STOP_REQUESTED (once) before asking ECS to stop it; ``watched`` (a
+        suspension's stop): it stays in the heartbeat index until STOPPED, so a node lost under
+        the stop is still decided by the heartbeat sweep (``heartbeat.escalation``)."""
         return self.db.apply(self.rank_update(rank, RankState.STOP_REQUESTED, from_states=LIVE_RANK_STATES,
                                               set_fields={"stop_reason": why[:300],
-                                                          "stop_requested_at": now}))
+                                                          "stop_requested_at": now},
+                                              keep_watched=watched))
 
     def rank_stop_updates(self, stop: RankStop) -> list[Update]:
         """The rank's stop (first), and the fence of its node when the stop makes it a suspect

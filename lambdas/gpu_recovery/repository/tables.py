@@ -135,15 +135,18 @@ class RecoveryTables:
         *,
         from_states: Iterable[RankState],
         set_fields: dict[str, Any] | None = None,
+        keep_watched: bool = False,
     ) -> Update:
-        """Move one rank; the task ARN in the condition ignores stale attempts."""
+        """Move one rank; the task ARN in the condition ignores stale attempts. A rank leaving
+        the watched states leaves the heartbeat index too, unless ``keep_watched`` (a
+        suspension's stop: its rank stays watched until STOPPED, ``heartbeat.escalation``)."""
         condition, values, names = state_condition(
             "rank_state", [s.value for s in from_states], "rs", "#task = :task"
         )
         values[":task"] = rank.task_arn
         names["#task"] = JOB_BY_TASK_PK
         remove = [] if to in HOLDING_RANK_STATES else [JOB_BY_INSTANCE_PK]
-        if to not in HEARTBEAT_WATCHED_RANK_STATES:
+        if to not in HEARTBEAT_WATCHED_RANK_STATES and not keep_watched:
             remove.append(HB_PK)  # leave the sparse heartbeat index: only watched ranks stay
         return Update(
             table=self.job_table_name,
