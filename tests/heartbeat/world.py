@@ -28,6 +28,8 @@ from tests.fixtures.clock import ManualClock
 NODE = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 NODE_B = "1a2b3c4d5e6f70819293a4b5c6d7e8f9"
 T0 = 1_734_220_000.0
+NODE_ARN = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{NODE}"
+CLUSTER_ARN = "arn:aws:ecs:us-east-1:123456789012:cluster/gpu-cluster"
 
 
 def task_arn(job: str, rank: int, attempt: int = 1) -> str:
@@ -203,3 +205,25 @@ class RecoveryLoop:
                                           HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
                                           Notices(world.repo.notices, world.repo.faults, world.notifier),
                                           lambda: self.service)
+
+    def checks(self, node: str = NODE) -> list[Any]:
+        """The stack's checks (validation tasks) started on ``node``."""
+        from gpu_recovery.constants import GPU_VALIDATION_GROUP
+
+        return [t for t in self.ecs.tasks.values() if t.node == node and t.group == GPU_VALIDATION_GROUP]
+
+    @staticmethod
+    def stopped(task: Any, exit_code: int) -> Any:
+        """``task`` (a check on NODE) stopped with ``exit_code``: its STOPPED event's detail."""
+        import json
+
+        from gpu_recovery.events.ecs import EcsTaskDetail
+        from tests.recovery.fakes import EVENTS
+
+        task.last_status, task.exit_code = "STOPPED", exit_code
+        detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
+        detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
+                      startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
+        detail["containers"][0]["exitCode"] = exit_code
+        return EcsTaskDetail.model_validate(detail)
+
