@@ -114,8 +114,8 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
     except ReturnError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if written is None:
-        print(f"node {node} was returned already ({_already(instance)}): nothing written", file=sys.stderr)
+    print(written or f"node {node} was returned already ({_already(instance)}): nothing written",
+          file=sys.stderr)
     try:
         activated = _activate(ecs, instance, args.cluster or _cluster_of(instance) or stack_cluster)
     except Exception as error:
@@ -124,8 +124,6 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
         return 1
     if activated:
         print(f"node {node} was DRAINING in ECS: set ACTIVE", file=sys.stderr)
-    if written is not None:
-        print(written, file=sys.stderr)
     return 0
 
 
