@@ -10,6 +10,7 @@
     gpu-recovery-admin quota list [--user alice] [--json]
     gpu-recovery-admin quota remove --user alice --priority HIGH
     gpu-recovery-admin faults --job-id llama-ft-... [--attempt 1] [--json]   # every suspect node of a fault
+    gpu-recovery-admin return-node --node-id <id> [--reason TEXT] [--without-check]   # see cli.admin_return
     gpu-recovery-admin inject-fault xid 79 --job <job id> --rank 1   # the local playground only
 
 ``breaker`` reads and writes the breaker's item in the container-instance table
@@ -56,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import admin_goodput, admin_views, doctor, inject_fault
+from cli import admin_goodput, admin_return, admin_views, doctor, inject_fault
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     DEFAULT_JOB_TABLE_NAME,
@@ -462,6 +463,8 @@ COMMANDS: list[Command] = [
     Command("quota", "set, list or remove users' node quotas per priority level", _quota_arguments, _quota),
     Command("uncordon", "a known-bad node repaired by hand takes new work again", _uncordon_arguments,
             _uncordon),
+    Command("return-node", "a repaired QUARANTINED or SUSPECT node back to service, through the stack's own "
+            "check (or --without-check)", admin_return.add_arguments, admin_return.run),
     Command("goodput", "the cluster's ETTR, GPU-hours lost per cause per day, the nodes that cost the most",
             admin_goodput.add_arguments, admin_goodput.run),
     Command("faults", "read a job's fault analysis: every suspect node, verdict, decision, XIDs",

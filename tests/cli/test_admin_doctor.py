@@ -422,7 +422,8 @@ def test_admin_commands_are_a_registry() -> None:
     parser = build_parser()
     required = {"issue-token": ["--node-id", "n1"], "revoke-token": ["--node-id", "n1"],
                 "breaker": ["show"], "quota": ["list"], "faults": ["--job-id", "j"],
-                "inject-fault": ["nodes"], "uncordon": ["--node-id", "n1"]}
+                "inject-fault": ["nodes"], "uncordon": ["--node-id", "n1"],
+                "return-node": ["--node-id", "n1"]}
     for name in names:
         parser.parse_args([name, *required.get(name, [])])
 

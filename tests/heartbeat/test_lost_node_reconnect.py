@@ -12,18 +12,15 @@ from typing import Any
 
 from gpu_recovery.constants import (
     DEADLINE_SK,
-    GPU_VALIDATION_GROUP,
     LOST_NODE_ATTRIBUTE,
     InstanceState,
     JobState,
     NotificationKind,
 )
-from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
+from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
-from tests.heartbeat.world import CLUSTER_ARN, NODE, RecoveryLoop, node_arn, rank_stopped, task_arn
-from tests.recovery.fakes import EVENTS, FakeTask
-
-NODE_ARN = node_arn(NODE)
+from tests.heartbeat.world import CLUSTER_ARN, NODE, NODE_ARN, RecoveryLoop, rank_stopped, task_arn
+from tests.recovery.fakes import EVENTS
 
 
 def _flagged_while_reporting(world: Any) -> RecoveryLoop:
@@ -54,19 +51,6 @@ def _instance_event(*, connected: bool, marked: bool = True, version: int = 7) -
     return EcsContainerInstanceDetail.model_validate(detail)
 
 
-def _checks(loop: RecoveryLoop) -> list[FakeTask]:
-    return [t for t in loop.ecs.tasks.values() if t.node == NODE and t.group == GPU_VALIDATION_GROUP]
-
-
-def _stopped(task: FakeTask, exit_code: int) -> EcsTaskDetail:
-    task.last_status, task.exit_code = "STOPPED", exit_code
-    detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
-    detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
-                  startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
-    detail["containers"][0]["exitCode"] = exit_code
-    return EcsTaskDetail.model_validate(detail)
-
-
 def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(world) -> None:
     """Given a node flagged SUSPECT by the lost-node escalation (its host still reporting), Then
     the flag says why and the node carries the mark its events are matched by; When its ECS agent
@@ -78,12 +62,12 @@ def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(wo
     assert LOST_NODE_ATTRIBUTE in loop.ecs.attributes.get(NODE, set())
     # Still away: nothing starts.
     assert loop.service.on_container_instance_change(_instance_event(connected=False)).action == "ignored"
-    assert _checks(loop) == []
+    assert loop.checks() == []
 
     loop.ecs.agent_connected[NODE] = True
     outcome = loop.service.on_container_instance_change(_instance_event(connected=True))
     assert outcome.action == "reconnect_check_opened"
-    [check] = _checks(loop)
+    [check] = loop.checks()
     assert world.instance_state(NODE) is InstanceState.SUSPECT
     assert world.node_item(NODE)["validation"]["repair"] == "reconnect"
     assert LOST_NODE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())  # its events no longer needed
@@ -94,16 +78,16 @@ def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(wo
         == "duplicate"
     world.clock.advance(60)
     loop.service.sweep()
-    assert _checks(loop) == [check]
+    assert loop.checks() == [check]
 
-    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    assert loop.service.on_health_check_stopped(loop.stopped(check, 0)).action == "validation_passed"
     assert world.instance_state(NODE) is InstanceState.AVAILABLE
     node = world.node_item(NODE)
     assert "suspect_origin" not in node and "validation" not in node
     assert node["last_validation"]["result"] == "passed"
     # Redelivered after the pass: nothing more (the stale mark it names is deleted).
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
-    assert _checks(loop) == [check]
+    assert loop.checks() == [check]
 
 
 def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_failed_repair(world) -> None:
@@ -113,8 +97,8 @@ def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_fai
     loop = _flagged_while_reporting(world)
     loop.ecs.agent_connected[NODE] = True
     loop.service.on_container_instance_change(_instance_event(connected=True))
-    [check] = _checks(loop)
-    assert loop.service.on_health_check_stopped(_stopped(check, 2)).action == "validation_failed"
+    [check] = loop.checks()
+    assert loop.service.on_health_check_stopped(loop.stopped(check, 2)).action == "validation_failed"
     assert world.instance_state(NODE) is InstanceState.SUSPECT
     node = world.node_item(NODE)
     assert node["suspect_origin"] == "reconnect_check_failed"
@@ -123,7 +107,7 @@ def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_fai
     assert loop.ecs.drained == [] and loop.service.repo.breaker.read() is None
     assert [n.kind for n in world.notifier.sent][-1] is NotificationKind.VALIDATION_FAILED
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
-    assert _checks(loop) == [check]
+    assert loop.checks() == [check]
 
 
 def test_a_reconnect_whose_event_never_came_is_found_by_the_sweep(world) -> None:
@@ -134,7 +118,7 @@ def test_a_reconnect_whose_event_never_came_is_found_by_the_sweep(world) -> None
     world.clock.advance(301)
     loop.service.sweep()
     assert LOST_NODE_ATTRIBUTE in loop.ecs.attributes.get(NODE, set())  # put again, still away
-    assert _checks(loop) == []
+    assert loop.checks() == []
     _back_at_the_sweeps_next_look(world, loop)
 
 
@@ -147,7 +131,7 @@ def test_a_missing_answer_at_the_sweeps_look_keeps_the_look(world) -> None:
     loop.ecs.missing_nodes.add(NODE)
     world.clock.advance(301)
     loop.service.sweep()
-    assert _checks(loop) == [] and world.node_item(NODE).get(DEADLINE_SK) is not None
+    assert loop.checks() == [] and world.node_item(NODE).get(DEADLINE_SK) is not None
     loop.ecs.missing_nodes.discard(NODE)
     _back_at_the_sweeps_next_look(world, loop)
 
@@ -158,8 +142,8 @@ def _back_at_the_sweeps_next_look(world: Any, loop: RecoveryLoop) -> None:
     loop.ecs.agent_connected[NODE] = True
     world.clock.advance(301)
     loop.service.sweep()
-    [check] = _checks(loop)
-    assert loop.service.on_health_check_stopped(_stopped(check, 0)).action == "validation_passed"
+    [check] = loop.checks()
+    assert loop.service.on_health_check_stopped(loop.stopped(check, 0)).action == "validation_passed"
     assert world.instance_state(NODE) is InstanceState.AVAILABLE
 
 
@@ -176,5 +160,5 @@ def test_a_suspect_node_of_another_origin_is_untouched_by_a_reconnect(world) -> 
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
     world.clock.advance(301)
     loop.service.sweep()
-    assert _checks(loop) == [] and world.instance_state(NODE) is InstanceState.SUSPECT
+    assert loop.checks() == [] and world.instance_state(NODE) is InstanceState.SUSPECT
     assert world.node_item(NODE)["suspect_origin"] == "telemetry"

@@ -41,6 +41,9 @@ def node_arn(node: str) -> str:
     return f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{node}"
 
 
+NODE_ARN = node_arn(NODE)
+
+
 def task_arn(job: str, rank: int, attempt: int = 1) -> str:
     return f"arn:aws:ecs:us-east-1:123456789012:task/gpu-cluster/{job}r{rank}a{attempt}"
 
@@ -214,6 +217,24 @@ class RecoveryLoop:
                                           HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
                                           Notices(world.repo.notices, world.repo.faults, world.notifier),
                                           lambda: self.service)
+
+    def checks(self, node: str = NODE) -> list[Any]:
+        """The stack's checks (validation tasks) started on ``node``."""
+        from gpu_recovery.constants import GPU_VALIDATION_GROUP
+
+        return [t for t in self.ecs.tasks.values() if t.node == node and t.group == GPU_VALIDATION_GROUP]
+
+    @staticmethod
+    def stopped(task: Any, exit_code: int) -> Any:
+        """``task`` (a check on NODE) stopped with ``exit_code``: its STOPPED event's detail."""
+        from tests.recovery.fakes import EVENTS
+
+        task.last_status, task.exit_code = "STOPPED", exit_code
+        detail = json.loads((EVENTS / "health_check_task_stopped.json").read_text())["detail"]
+        detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=NODE_ARN,
+                      startedBy=task.started_by, group=task.group, taskDefinitionArn=task.task_definition_arn)
+        detail["containers"][0]["exitCode"] = exit_code
+        return EcsTaskDetail.model_validate(detail)
 
 
 def rank_stopped(job: str, rank: int, node: str, *, reason: str = "gpu-recovery: node lost") -> EcsTaskDetail:

@@ -222,6 +222,10 @@ NO_CLAIM = TaskClaim()
 # stack's own check, ``recovery.lost_node_checks``); that check found a fault (kept for a person).
 LOST_NODE_ORIGIN = "lost_node"
 RECONNECT_CHECK_FAILED_ORIGIN = "reconnect_check_failed"
+# An operator returned it (``gpu-recovery-admin return-node``): the stack's own check runs on
+# it (``domain.validation.SUSPECT_CHECKS``); that check found a fault (kept for a person).
+OPERATOR_RETURN_ORIGIN = "operator_return"
+OPERATOR_CHECK_FAILED_ORIGIN = "operator_return_check_failed"
 
 
 @dataclass

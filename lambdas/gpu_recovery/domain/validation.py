@@ -40,6 +40,12 @@ from typing import Any
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.classify import Decision
 from gpu_recovery.domain.fault_vocabulary import NODE_ACTIONS, Action, Budget
+from gpu_recovery.domain.models import (
+    LOST_NODE_ORIGIN,
+    OPERATOR_CHECK_FAILED_ORIGIN,
+    OPERATOR_RETURN_ORIGIN,
+    RECONNECT_CHECK_FAILED_ORIGIN,
+)
 from gpu_recovery.domain.states import DcgmVerdict
 
 
@@ -52,12 +58,49 @@ class Repair(str, Enum):
     # None: a lost node flagged SUSPECT on a missing answer, its ECS agent connected again
     # (recovery.lost_node_checks). Its failure is no failed repair: it stays SUSPECT for a person.
     RECONNECT = "reconnect"
+    # None either: an operator returned a SUSPECT or QUARANTINED node to service
+    # (``gpu-recovery-admin return-node``); the same check as RECONNECT's (SUSPECT_CHECKS).
+    OPERATOR = "operator"
 
     @property
     def words(self) -> str:
         return {"reboot": "its reboot", "gpu_reset": "its GPU reset",
                 "replacement": "replacing a terminated node",
-                "reconnect": "its ECS agent's reconnect"}[self.value]
+                "reconnect": "its ECS agent's reconnect",
+                "operator": "an operator's return"}[self.value]
+
+
+@dataclass(frozen=True)
+class SuspectCheck:
+    """The stack's own check of a node no repair preceded: the validation's task and claim on
+    a node that stays SUSPECT meanwhile (``suspect_origin`` ``origin``). A pass makes it
+    AVAILABLE, as a passed validation; a failure is no failed repair: no node decision, it
+    stays SUSPECT for a person (``failed_origin``) with the check's evidence and one e-mail."""
+
+    name: str  # what its verdict's source and the logs call it
+    cause: str  # the cause its record names
+    origin: str  # the node's suspect_origin while its check runs
+    failed_origin: str  # ... once its check found a fault
+    after: str  # what the check followed, in its failure's e-mail subject
+    metric: str  # its metrics' prefix (<metric>Opened, <metric>Failed)
+
+
+# Every repair kind that is such a check (``recovery.validations`` reads its failure from here).
+SUSPECT_CHECKS: dict[Repair, SuspectCheck] = {
+    Repair.RECONNECT: SuspectCheck("lost node's check", "builtin:ecs-agent-disconnected", LOST_NODE_ORIGIN,
+                                   RECONNECT_CHECK_FAILED_ORIGIN, "after its ECS agent reconnected",
+                                   "LostNodeChecks"),
+    Repair.OPERATOR: SuspectCheck("operator's return check", "builtin:operator-return",
+                                  OPERATOR_RETURN_ORIGIN, OPERATOR_CHECK_FAILED_ORIGIN,
+                                  "an operator asked for on its return", "ReturnChecks"),
+}
+
+
+def suspect_check(validation: Mapping[str, Any]) -> SuspectCheck | None:
+    """The check a node's ``validation`` is when no repair preceded it (None: a validation
+    after repair)."""
+    repair = str(validation.get("repair") or "")
+    return next((check for kind, check in SUSPECT_CHECKS.items() if kind.value == repair), None)
 
 
 class Result(str, Enum):

@@ -19,7 +19,7 @@ redelivered or late event starts nothing more.
 * passed: AVAILABLE, as a passed validation;
 * failed (a DCGM verdict): no failed repair (none was made) and no node decision: the node
   stays SUSPECT for a person, now for its check's evidence (``Validations``'
-  ``_reconnect_failed``), with one e-mail;
+  ``_check_failed``), with one e-mail;
 * no verdict: as a validation's, run again, never a failure.
 
 SUSPECT nodes of any other origin (telemetry, the breaker's hold) keep their own paths.
@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 # A lost node's ECS agent is looked at this often by the sweep while it is away.
 LOOK_SECONDS = 300
-# The cause its check's record names (the lost-node escalation's rule).
-CAUSE = "builtin:ecs-agent-disconnected"
+# Its check, declared with the others of its kind (its cause: the lost-node escalation's rule).
+CHECK = policy.SUSPECT_CHECKS[Repair.RECONNECT]
 
 
 class MarksNodes(Protocol):
@@ -115,11 +115,11 @@ class LostNodeChecks:
         if instance.validating:
             return "duplicate"
         now = clock.now()
-        record = policy.new_validation(Repair.RECONNECT, cause=CAUSE, since=now,
+        record = policy.new_validation(Repair.RECONNECT, cause=CHECK.cause, since=now,
                                        policy=self.settings.validation)
         if not self.records.open_reconnect_check(instance, record, now):
             return "duplicate"
-        self.metrics.add_metric("LostNodeChecksOpened", "Count", 1)
+        self.metrics.add_metric(f"{CHECK.metric}Opened", "Count", 1)
         logger.info("lost node's ECS agent reconnected: the stack's own check runs on it", extra={
             "instance": inst_id, "validation": self.settings.validation.describe()})
         after_commit("lost-node unmark", unmark_lost_node, self.ecs,

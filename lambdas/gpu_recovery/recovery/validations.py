@@ -53,7 +53,7 @@ from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import VALIDATION_TASK, Instance, Job, container_instance_id
 from gpu_recovery.domain.remediation_plan import plan_remediation
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, InstanceState
-from gpu_recovery.domain.validation import Repair, Result
+from gpu_recovery.domain.validation import Repair, Result, SuspectCheck
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import node_tasks
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
@@ -359,8 +359,9 @@ class Validations:
         """A node decision on the validation's evidence (see the module docstring), with
         every waiting job kept waiting (repaired again) or let go (the node left repair)."""
         repo = self.data
-        if instance.validation.get("repair") == Repair.RECONNECT.value:
-            return self._reconnect_failed(instance, exit_code, findings, task_arn=task_arn, why=why)
+        check = policy.suspect_check(instance.validation)
+        if check is not None:
+            return self._check_failed(instance, check, exit_code, findings, task_arn=task_arn, why=why)
         for _ in range(APPLY_ROUNDS):
             done = self._decide(instance, raw, exit_code, findings, task_arn=task_arn, why=why)
             if done is not None:
@@ -373,33 +374,35 @@ class Validations:
                 return "duplicate"
         return "raced"
 
-    def _reconnect_failed(self, instance: Instance, exit_code: int | None, findings: dict[str, Any], *,
-                          task_arn: str, why: str) -> str:
-        """A lost node's own check (``recovery.lost_node_checks``) found a fault. No repair was
-        made, so none failed: no node decision, nothing for its history or the breaker, no
-        escalation. It stays SUSPECT for a person, now for the check's evidence, with one e-mail."""
+    def _check_failed(self, instance: Instance, check: SuspectCheck, exit_code: int | None,
+                      findings: dict[str, Any], *, task_arn: str, why: str) -> str:
+        """The stack's own check of a node no repair preceded (``policy.SUSPECT_CHECKS``: a lost
+        node's reconnect, ``recovery.lost_node_checks``; an operator's return) found a fault. No
+        repair was made, so none failed: no node decision, nothing for its history or the
+        breaker, no escalation. It stays SUSPECT for a person, now for the check's evidence,
+        with one e-mail."""
         inst_id, now = instance.container_inst_id, clock.now()
-        verdict = {"exit_code": exit_code, "task_arn": task_arn, "source": "lost node's check", **findings}
+        verdict = {"exit_code": exit_code, "task_arn": task_arn, "source": check.name, **findings}
         dcgm = DcgmFindings.from_verdict_json(verdict, exit_code=exit_code, task_arn=task_arn)
         record = policy.result_record(Result.FAILED, validation=instance.validation, now=now,
                                       exit_code=exit_code, task_arn=task_arn,
                                       why=why or "; ".join(dcgm.reasons[:3]) or f"verdict {dcgm.verdict}")
         note = policy.history_note(inst_id, record)
         notice = self.notices.for_node(
-            NotificationKind.VALIDATION_FAILED, f"GPU node {inst_id} failed the stack's check after its "
-                                                "ECS agent reconnected: kept SUSPECT",
+            NotificationKind.VALIDATION_FAILED, f"GPU node {inst_id} failed the stack's check {check.after}: "
+                                                "kept SUSPECT",
             container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
             what_happened=f"{note} (DCGM verdict {dcgm.verdict}, exit {exit_code})",
             what_was_done=f"{inst_id} kept SUSPECT (no new queue work); not rebooted, replaced or "
                           "quarantined, nothing counted in its fault history",
             operator_action="Read the check's verdict (the node's last_validation and last_verdict, the "
                             "health-check log group); repair or return the node as the runbook says.")
-        if not self.records.fail_reconnect_check(instance, record, verdict, note,
-                                                 also=self.notices.owe([notice], now)):
+        if not self.records.fail_suspect_check(instance, record, verdict, note, check.failed_origin,
+                                               also=self.notices.owe([notice], now)):
             return "raced"
         self.notices.send([notice])
-        self.metrics.add_metric("LostNodeChecksFailed", "Count", 1)
-        logger.warning("lost node's check failed: kept SUSPECT for a person", extra={
+        self.metrics.add_metric(f"{check.metric}Failed", "Count", 1)
+        logger.warning(f"{check.name} failed: kept SUSPECT for a person", extra={
             "instance": inst_id, "exit_code": exit_code, "verdict": str(dcgm.verdict)})
         return "validation_failed"
 

@@ -17,6 +17,7 @@ is finished by the next one, or by the sweep, never repeated.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpu_recovery import clock
@@ -28,7 +29,7 @@ from gpu_recovery.constants import (
     JOB_PK,
     job_item_key,
 )
-from gpu_recovery.domain.models import LOST_NODE_ORIGIN, RECONNECT_CHECK_FAILED_ORIGIN, Instance, Job
+from gpu_recovery.domain.models import LOST_NODE_ORIGIN, Instance, Job
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.claim_fields import VALIDATION as CLAIM
@@ -41,6 +42,19 @@ VALIDATION = "validation"
 _LOST_NODE_UNCHECKED: dict[str, Any] = {
     "extra_condition": "#so = :so AND attribute_not_exists(#val)", "extra_values": {":so": LOST_NODE_ORIGIN},
     "extra_names": {"#so": "suspect_origin", "#val": VALIDATION}}
+
+
+# A node an operator may return: no check open, not being replaced (``RebootRepository``'s
+# termination, or its replacement awaited), no node action of its held back by the breaker.
+_RETURNABLE: dict[str, Any] = {
+    "extra_condition": "attribute_not_exists(#val) AND attribute_not_exists(#tp) "
+                       "AND attribute_not_exists(#rw) AND attribute_not_exists(#bb)",
+    "extra_names": {"#val": VALIDATION, "#tp": "terminate_pending", "#rw": "replacement_watch",
+                    "#bb": "breaker_blocked"}}
+# The states an operator returns a node from (``gpu-recovery-admin return-node``).
+RETURNABLE_STATES = (InstanceState.SUSPECT, InstanceState.QUARANTINED)
+# What a quarantine left on the node: gone once it is returned.
+_QUARANTINE_FIELDS = ("quarantine_reason", "drain_pending")
 
 
 class ValidationRepository:
@@ -85,19 +99,64 @@ class ValidationRepository:
             instance.container_inst_id, from_states=[InstanceState.SUSPECT], deadline_at=look_at,
             **_LOST_NODE_UNCHECKED))
 
-    def fail_reconnect_check(self, instance: Instance, result: dict[str, Any], findings: dict[str, Any],
-                             reason: str, also: Sequence[Update] = ()) -> bool:
-        """The lost node's check found a fault: no failed repair (none was made) and no node
-        decision. It stays SUSPECT for a person, now for its check's evidence (``last_validation``,
-        ``last_verdict``), the check closed; with ``also`` (its e-mail, owed). On the claim as read."""
+    def fail_suspect_check(self, instance: Instance, result: dict[str, Any], findings: dict[str, Any],
+                           reason: str, origin: str, also: Sequence[Update] = ()) -> bool:
+        """A check no repair preceded (``domain.validation.SUSPECT_CHECKS``: a lost node's, an
+        operator's return) found a fault: no failed repair (none was made) and no node decision.
+        It stays SUSPECT for a person, now for its check's evidence (``last_validation``,
+        ``last_verdict``; ``origin`` says which check failed), the check closed; with ``also``
+        (its e-mail, owed). On the claim as read."""
         condition, values, names = CLAIM.serving(instance)
         update = self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.SUSPECT],
             set_fields={"last_validation": result, "last_verdict": findings, "suspect_reason": reason[:500],
-                        "suspect_origin": RECONNECT_CHECK_FAILED_ORIGIN},
+                        "suspect_origin": origin},
             remove_fields=[VALIDATION], clear_deadline=True, extra_condition=condition, extra_values=values,
             extra_names=names)
         return self.db.transact([update, *also])
+
+    # ------------------------------------------------- an operator's return
+    def open_operator_check(self, instance: Instance, validation: dict[str, Any], now: float, *,
+                            origin: str, history: dict[str, Any]) -> bool:
+        """An operator returns a SUSPECT (any origin) or QUARANTINED node (``gpu-recovery-admin
+        return-node``): the stack's own check (``validation``, ``Repair.OPERATOR``) on the node,
+        which is SUSPECT (``origin``) while it runs, due at once (the sweep starts it). One
+        conditional write on the state as read and ``_RETURNABLE``; a QUARANTINED node leaves
+        its quarantine (the operator sets it ACTIVE in ECS after this write); ``history``: its
+        line in the node's history."""
+        if instance.state not in RETURNABLE_STATES:
+            return False
+        fields: dict[str, Any] = {VALIDATION: validation, "suspect_origin": origin}
+        remove: list[str] = []
+        if instance.state is InstanceState.QUARANTINED:
+            fields.update(suspect_since=now, suspect_reason=str(history.get("reason") or "")[:500])
+            remove = list(_QUARANTINE_FIELDS)
+        return self.db.apply(self._returned(self.instances.instance_update(
+            instance.container_inst_id, from_states=[instance.state], to=InstanceState.SUSPECT,
+            set_fields=fields, remove_fields=remove, deadline_at=now, **_RETURNABLE), history))
+
+    def return_without_check(self, instance: Instance, now: float, history: dict[str, Any]) -> bool:
+        """The operator vouches for the node (``return-node --without-check``): SUSPECT or
+        QUARANTINED (as read, and ``_RETURNABLE``) -> AVAILABLE, its quarantine and suspect
+        fields cleared, its cordon too (not an AWS notice's: the node still goes away; the ECS
+        attribute follows through the sweep's worklist), its deadline cleared; ``history``: its
+        line in the node's history."""
+        if instance.state not in RETURNABLE_STATES:
+            return False
+        fields: dict[str, Any] = {}
+        remove = [*_QUARANTINE_FIELDS, "suspect_since", "suspect_reason", "suspect_fence"]
+        sync: list[Update] = []
+        if instance.cordoned and not instance.cordon.get("notice"):
+            more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields, remove = more, [*remove, *gone]
+            sync.append(update)
+        return self.db.transact([self._returned(self.instances.instance_update(
+            instance.container_inst_id, from_states=[instance.state], to=InstanceState.AVAILABLE,
+            set_fields=fields, remove_fields=remove, clear_deadline=True, **_RETURNABLE), history), *sync])
+
+    @staticmethod
+    def _returned(update: Update, history: dict[str, Any]) -> Update:
+        return replace(update, history_entry=history)
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,

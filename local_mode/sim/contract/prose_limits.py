@@ -419,6 +419,8 @@ OPERATIONS: dict[str, str] = {
     "sns:ListSubscriptionsByTopic": "Amazon SNS API Reference, ListSubscriptionsByTopic",
     "sqs:GetQueueAttributes": "Amazon SQS API Reference, GetQueueAttributes",
     "ssm:ListTagsForResource": "AWS Systems Manager API Reference, ListTagsForResource",
+    # gpu-recovery-admin return-node: who returns the node (its history line)
+    "sts:GetCallerIdentity": "AWS Security Token Service API Reference, GetCallerIdentity (no parameters)",
 }
 
 
