@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
@@ -14,6 +14,7 @@ from gpu_recovery.constants import InstanceState, JobState
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.queue import launcher as launcher_mod
 from gpu_recovery.queue.scheduler import LEASE_KEY
+from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 from tests.fixtures.queue_cluster import make_queue_cluster
 
 
@@ -470,18 +471,94 @@ def test_a_resume_that_fails_holds_its_nodes_and_the_tick_admits_the_others(qc, 
     assert qc.item(stuck)["launched_at"] is not None
 
 
+def _tick_calls(qc: Any, scheduler: Any) -> tuple[Any, list[tuple[str, str]]]:
+    """One tick of ``scheduler`` and its AWS calls, (operation, site) in order."""
+    qc.local.call_faults.arm(None, record_sites=True)
+    try:
+        result = scheduler.tick()
+        calls = [(c.operation, c.site) for c in qc.local.call_faults.calls]
+    finally:
+        qc.local.call_faults.disarm()
+    return result, calls
+
+
+def test_an_idle_tick_reads_the_launch_ledger_with_its_lease(qc):
+    """Given nothing queued, nothing charged and no launch in flight
+    When the scheduler ticks
+    Then it makes four calls: the lease taken (its UpdateItem answers the ledger on it: no
+    GetItem), the holding index and the queue index read, the lease released."""
+    result, calls = _tick_calls(qc, qc.scheduler())
+    assert result.action == "ticked" and result.resumed == [] and result.admitted == []
+    assert calls == [("UpdateItem", "queue/scheduler.py:acquire"),
+                     ("Query", "queue/time_sharing.py:housekeeping"),
+                     ("Query", "queue/scheduler.py:_admit"),
+                     ("UpdateItem", "queue/scheduler.py:release")]
+
+
+def test_a_stale_launch_read_with_the_lease_is_resumed(qc, monkeypatch):
+    """Given a 2-node launch a dead tick left half-done (rank 1 never started)
+    When a tick runs once it is stale
+    Then the ledger that tick resumes from is the one its lease's UpdateItem answered (no
+    GetItem of the lease item), the launch is resumed and completed, and it leaves the
+    ledger."""
+    stuck = qc.submit(nnodes=2, gpus=8)
+    tick_that_dies_registering(qc, monkeypatch, 1)
+    scheduler = qc.scheduler()
+    assert stuck in scheduler.store.ledger_entries()
+    qc.sim.run_for(150)
+    result, calls = _tick_calls(qc, scheduler)
+    assert [(r["job_id"], r["action"]) for r in result.resumed] == [(stuck, "resumed")]
+    assert calls[0] == ("UpdateItem", "queue/scheduler.py:acquire")
+    assert not [c for c in calls if c[1].endswith(":_resume_stuck")], calls
+    assert qc.item(stuck)["launched_at"] is not None and len(qc.live_tasks(stuck)) == 2
+    assert stuck not in scheduler.store.ledger_entries()
+
+
+@pytest.mark.parametrize("mode", [THROTTLE, LOST_RESPONSE])
+def test_a_broken_lease_update_keeps_the_ledger_for_a_tick_that_holds_the_lease(qc, monkeypatch, mode):
+    """Given a launch a dead tick left half-done
+    When the next tick's lease UpdateItem (which answers the ledger) is throttled, or its
+    answer lost
+    Then throttled (nothing written), the write is tried again and the tick resumes the
+    launch from the ledger that answer carries; lost, the tick fails before reading or
+    changing anything, the lease it took keeps other ticks out until it expires, and the
+    tick after resumes the launch."""
+    stuck = qc.submit(nnodes=2, gpus=8)
+    tick_that_dies_registering(qc, monkeypatch, 1)
+    qc.sim.run_for(150)
+    qc.local.call_faults.arm(1, mode, record_sites=True)
+    try:
+        if mode == THROTTLE:
+            result = qc.scheduler().tick()
+        else:
+            with pytest.raises(ReadTimeoutError):
+                qc.scheduler().tick()
+        calls = list(qc.local.call_faults.calls)
+        assert qc.local.call_faults.fired is not None
+    finally:
+        qc.local.call_faults.disarm()
+    assert (calls[0].operation, calls[0].site) == ("UpdateItem", "queue/scheduler.py:acquire")
+    if mode == LOST_RESPONSE:
+        assert len(calls) == 1 and stuck in qc.scheduler().store.ledger_entries()
+        assert qc.scheduler().tick().action == "busy"
+        qc.sim.run_for(121)
+        result = qc.scheduler().tick()
+    assert [(r["job_id"], r["action"]) for r in result.resumed] == [(stuck, "resumed")]
+    assert stuck not in qc.scheduler().store.ledger_entries()
+
+
 def test_lease_excludes_a_concurrent_tick(qc):
     """Given one tick holding the lease
     When another scheduler ticks meanwhile
     Then it exits at once as busy; after the lease is released or expired, ticks run."""
     first, second = qc.scheduler(owner="first"), qc.scheduler(owner="second")
-    assert first.lease.acquire()
+    assert first.lease.acquire() is not None
     qc.submit(nnodes=1, gpus=8)
     assert second.tick().action == "busy"
     first.lease.release()
     assert second.tick().action == "ticked"
     # A dead holder: its lease expires after lease_seconds.
-    assert first.lease.acquire()
+    assert first.lease.acquire() is not None
     assert second.tick().action == "busy"
     qc.sim.run_for(121)
     assert second.tick().action == "ticked"
@@ -495,9 +572,9 @@ def test_claim_fails_when_the_lease_was_lost(qc):
     Then the claim transaction fails: no job is launched by a tick without the lease."""
     job = qc.submit(nnodes=1, gpus=8)
     old, new = qc.scheduler(owner="old"), qc.scheduler(owner="new")
-    assert old.lease.acquire()
+    assert old.lease.acquire() is not None
     qc.sim.run_for(121)
-    assert new.lease.acquire()
+    assert new.lease.acquire() is not None
     infos = old.snapshot()
     node = next(iter(infos.values())).placed
     outcome = old.launcher.launch(qc.item(job), [node])

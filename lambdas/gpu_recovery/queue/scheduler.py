@@ -2,8 +2,9 @@
 
 One tick (every minute, and right after submit / cancel / job end):
 
-1. **Lease.** Conditional PutItem of ``SCHEDULER#LEASE`` in the job table (owner,
-   ``expires_at = now + lease_seconds``); a tick that cannot take it returns at once.
+1. **Lease.** Conditional UpdateItem of ``SCHEDULER#LEASE`` in the job table (owner,
+   ``expires_at = now + lease_seconds``), answered with the item as written (ALL_NEW): the
+   launch ledger on it is read with the lease; a tick that cannot take it returns at once.
    Reserved concurrency 1 on the function is the second fence. The Lambda timeout
    (90 s) is shorter than the lease (120 s), so a tick never outlives its lease. The
    lease is deleted (condition: still ours) at the end.
@@ -11,7 +12,7 @@ One tick (every minute, and right after submit / cancel / job end):
    (queue jobs holding nodes) is read once: quota charges of jobs that stopped holding
    nodes are released, ABOVE_NORMAL jobs that ran long enough drop to NORMAL.
 3. **Resume** launches a dead tick left half-done: the launch ledger on the lease
-   item lists every claimed-but-unfinished launch (one GetItem); entries older than
+   item lists every claimed-but-unfinished launch (read with the lease); entries older than
    ``stale_launch_seconds`` are resumed, ranks looked up by ``startedBy`` before
    anything is started again. Queue jobs whose *gang restart* (recovery loop) was
    left half-done are found in the sparse ``by-state`` index (STARTING; only queue
@@ -112,7 +113,9 @@ class Lease:
         self.owner = owner or uuid.uuid4().hex
         self.seconds = seconds
 
-    def acquire(self) -> bool:
+    def acquire(self) -> dict[str, dict[str, Any]] | None:
+        """Take (or renew) the lease: the launch ledger as taken with it (job id -> entry), or
+        None when another tick holds it."""
         return self._store.acquire_lease(self.owner, clock.now(), self.seconds)
 
     def release(self) -> None:
@@ -183,7 +186,8 @@ class QueueScheduler:
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
-        if not self.lease.acquire():
+        ledger = self.lease.acquire()
+        if ledger is None:
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
@@ -193,7 +197,7 @@ class QueueScheduler:
 
         try:
             result = TickResult()
-            self._resume_stuck(result, time_left)
+            self._resume_stuck(result, ledger, time_left)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
@@ -203,11 +207,13 @@ class QueueScheduler:
             self.lease.release()
 
     # ---------------------------------------------------------------- resume
-    def _resume_stuck(self, result: TickResult, time_left: Callable[[], float]) -> None:
+    def _resume_stuck(self, result: TickResult, entries: Mapping[str, Mapping[str, Any]],
+                      time_left: Callable[[], float]) -> None:
+        """``entries``: the launch ledger as read with the lease (only the lease's holder
+        writes the ledger, so it is the ledger as this tick starts)."""
         now = clock.now()
         stale = self.config.stale_launch_seconds
         self._launching = set()
-        entries = self.store.ledger_entries()
         # Not admitted again this tick: a launch requeued by its own abort stays in the ledger
         # until every task it started is stopped (``Launcher._leave_ledger``).
         self._in_flight = set(entries)

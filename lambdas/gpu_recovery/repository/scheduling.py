@@ -49,9 +49,11 @@ class SchedulingRepository:
         self.holding = holding  # quota charges (None: no quota table, nothing charged)
 
     # ----------------------------------------------------------------- lease
-    def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
-        """Take (or renew) the one scheduler lease; the ledger on it is never erased."""
-        return self.db.apply(Update(
+    def acquire_lease(self, owner: str, now: float, seconds: float) -> dict[str, dict[str, Any]] | None:
+        """Take (or renew) the one scheduler lease; the ledger on it is never erased. Returns
+        that ledger as the lease was taken (:meth:`ledger_entries` of the item as written:
+        ReturnValues=ALL_NEW, so no GetItem follows), None when another tick holds the lease."""
+        item = self.db.apply_returning(Update(
             table=self.table, key={JOB_PK: LEASE_KEY},
             set_fields={"owner": owner, "expires_at": now + seconds, "acquired_at": now,
                         "item_type": "LEASE"},
@@ -59,7 +61,8 @@ class SchedulingRepository:
             condition="attribute_not_exists(#k) OR #e < :now OR #o = :me",
             condition_values={":now": to_ddb(now), ":me": owner},
             condition_names={"#k": JOB_PK, "#e": "expires_at", "#o": "owner"},
-        ))
+        ), returning="ALL_NEW")
+        return None if item is None else _ledger_of(item)
 
     def release_lease(self, owner: str) -> bool:
         return self.db.apply(Update(
@@ -69,8 +72,8 @@ class SchedulingRepository:
 
     # ---------------------------------------------------------------- ledger
     def ledger_entries(self) -> dict[str, dict[str, Any]]:
-        item = self.db.get(self.table, {JOB_PK: LEASE_KEY}) or {}
-        return dict(from_ddb(dict(item.get("inflight") or {})))
+        """The ledger as it is now (a tick reads it with its lease: :meth:`acquire_lease`)."""
+        return _ledger_of(self.db.get(self.table, {JOB_PK: LEASE_KEY}) or {})
 
     def bump_resumes(self, job_id: str) -> bool:
         return self.db.apply(Update(
@@ -245,3 +248,8 @@ class SchedulingRepository:
     def cancel_unlaunched(self, job_id: str, reason: str) -> bool:
         """CANCELING with no live rank: no STOPPED event will finish the cancel."""
         return self.repo.mark_job_canceled(job_id, reason, actor="scheduler")
+
+
+def _ledger_of(lease_item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The launch ledger (``inflight``: job id -> entry) of the lease item."""
+    return dict(from_ddb(dict(lease_item.get("inflight") or {})))
