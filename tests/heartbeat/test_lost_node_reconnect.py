@@ -15,7 +15,6 @@ from gpu_recovery.constants import (
     LOST_NODE_ATTRIBUTE,
     InstanceState,
     JobState,
-    NotificationKind,
 )
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
@@ -98,14 +97,7 @@ def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_fai
     loop.ecs.agent_connected[NODE] = True
     loop.service.on_container_instance_change(_instance_event(connected=True))
     [check] = loop.checks()
-    assert loop.service.on_health_check_stopped(loop.stopped(check, 2)).action == "validation_failed"
-    assert world.instance_state(NODE) is InstanceState.SUSPECT
-    node = world.node_item(NODE)
-    assert node["suspect_origin"] == "reconnect_check_failed"
-    assert node["last_validation"]["result"] == "failed" and node["last_verdict"]["exit_code"] == 2
-    assert "fault_history" not in node and "validation" not in node and "reboot_requested_at" not in node
-    assert loop.ecs.drained == [] and loop.service.repo.breaker.read() is None
-    assert [n.kind for n in world.notifier.sent][-1] is NotificationKind.VALIDATION_FAILED
+    loop.fail_the_check(check, "reconnect_check_failed")
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
     assert loop.checks() == [check]
 

@@ -15,6 +15,7 @@ from gpu_recovery.constants import (
     JOB_PK,
     InstanceState,
     JobState,
+    NotificationKind,
     RankState,
     job_item_key,
 )
@@ -204,6 +205,7 @@ class RecoveryLoop:
         from gpu_recovery.settings import Settings
         from tests.recovery.fakes import FakeEcs, FakeRebooter, FakeVerdicts, Flaky
 
+        self.world = world
         self.ecs = FakeEcs()
         self.ecs.agent_connected[NODE] = False
         self.ecs.spare_nodes = [f"spare-{i}" for i in range(cluster_nodes)]
@@ -217,6 +219,21 @@ class RecoveryLoop:
                                           HeartbeatSettings(node_lost_fail_seconds=600), world.ecs,
                                           Notices(world.repo.notices, world.repo.faults, world.notifier),
                                           lambda: self.service)
+
+    def fail_the_check(self, check: Any, origin: str) -> dict[str, Any]:
+        """The stack's check of NODE (no repair before it: a lost node's, an operator's return)
+        finds a DCGM fault (exit 2): no failed repair (no node decision, history, reboot, drain or
+        breaker entry), the node kept SUSPECT for a person (``origin``) with the check's evidence
+        and, last, one e-mail. Its item."""
+        assert self.service.on_health_check_stopped(self.stopped(check, 2)).action == "validation_failed"
+        assert self.world.instance_state(NODE) is InstanceState.SUSPECT
+        node: dict[str, Any] = self.world.node_item(NODE)
+        assert node["suspect_origin"] == origin
+        assert node["last_validation"]["result"] == "failed" and node["last_verdict"]["exit_code"] == 2
+        assert "fault_history" not in node and "validation" not in node and "reboot_requested_at" not in node
+        assert self.ecs.drained == [] and self.service.repo.breaker.read() is None
+        assert [n.kind for n in self.world.notifier.sent][-1] is NotificationKind.VALIDATION_FAILED
+        return node
 
     def checks(self, node: str = NODE) -> list[Any]:
         """The stack's checks (validation tasks) started on ``node``."""
