@@ -16,8 +16,10 @@ passed): one conditional write makes it AVAILABLE, its quarantine, suspect field
 deadline cleared.
 
 Either way a line joins the node's ``history`` (who, ``--reason``), and a node DRAINING in
-ECS (a quarantine drains it: its check could not be placed) is set ACTIVE, after the write:
-a rerun finishes what a crashed run started, and writes nothing again.
+ECS (a quarantine drains it: its check could not be placed) is set ACTIVE, after the write,
+which marks that step pending (``ecs_activation_pending``, removed once it is confirmed): a
+rerun finishes what a crashed run started, writes nothing again, and leaves alone a drain made
+after the step was confirmed.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.validation import Repair
-from gpu_recovery.repository.validations import RETURNABLE_STATES
+from gpu_recovery.repository.validations import ACTIVATION_PENDING, RETURNABLE_STATES
 
 COMMAND = "return-node"
 # What to do about a node in another state.
@@ -116,6 +118,8 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
         return 1
     print(written or f"node {node} was returned already ({_already(instance)}): nothing written",
           file=sys.stderr)
+    if not written and not raw.get(ACTIVATION_PENDING):
+        return 0  # its ECS step was confirmed: a drain made since is not undone
     try:
         activated = _activate(ecs, instance, args.cluster or _cluster_of(instance) or stack_cluster)
     except Exception as error:
@@ -124,6 +128,7 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
         return 1
     if activated:
         print(f"node {node} was DRAINING in ECS: set ACTIVE", file=sys.stderr)
+    repo.validations.activation_done(node)  # if this fails, a rerun repeats the (idempotent) ECS step
     return 0
 
 

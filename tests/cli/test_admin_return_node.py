@@ -15,6 +15,7 @@ from cli.admin import main
 from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SK, InstanceState
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository import to_ddb
+from gpu_recovery.repository.validations import ACTIVATION_PENDING
 
 
 @dataclass
@@ -143,8 +144,29 @@ def test_a_rerun_finishes_what_a_crashed_run_started(cluster: Cluster,
     assert "run the same command again" in capsys.readouterr().err
     item = cluster.item()
     assert item["instance_state"] == "SUSPECT" and cluster.status() == "DRAINING"
+    assert item[ACTIVATION_PENDING] is True  # the ECS step a rerun finishes
     assert cluster.run() == 0
-    assert cluster.status() == "ACTIVE" and cluster.item() == item
+    assert cluster.status() == "ACTIVE"
+    assert cluster.item() == {k: v for k, v in item.items() if k != ACTIVATION_PENDING}
+
+
+@pytest.mark.parametrize("without_check", [False, True], ids=["with_check", "without_check"])
+def test_a_rerun_after_a_finished_return_leaves_a_later_drain_alone(
+        cluster: Cluster, without_check: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given a return that finished (its ECS step confirmed) and the node drained by hand since,
+    When the command runs again, Then it writes nothing and leaves the node DRAINING: only a
+    step the intent still marks pending is finished by a rerun."""
+    cluster.seed(InstanceState.QUARANTINED, **QUARANTINE)
+    cluster.drain()
+    flags = ["--without-check"] if without_check else []
+    assert cluster.run(*flags) == 0
+    item = cluster.item()
+    assert cluster.status() == "ACTIVE" and ACTIVATION_PENDING not in item
+    cluster.drain()
+    capsys.readouterr()
+    assert cluster.run(*flags) == 0
+    assert "nothing written" in capsys.readouterr().err
+    assert cluster.status() == "DRAINING" and cluster.item() == item
 
 
 @pytest.mark.parametrize(("state", "fields", "said"), [

@@ -55,6 +55,9 @@ _RETURNABLE: dict[str, Any] = {
 RETURNABLE_STATES = (InstanceState.SUSPECT, InstanceState.QUARANTINED)
 # What a quarantine left on the node: gone once it is returned.
 _QUARANTINE_FIELDS = ("quarantine_reason", "drain_pending")
+# On a returned node until the return's ECS step (ACTIVE if DRAINING) is confirmed: what a rerun
+# of the command finishes, and nothing else (a drain made after it is not undone).
+ACTIVATION_PENDING = "ecs_activation_pending"
 
 
 class ValidationRepository:
@@ -126,7 +129,7 @@ class ValidationRepository:
         line in the node's history."""
         if instance.state not in RETURNABLE_STATES:
             return False
-        fields: dict[str, Any] = {VALIDATION: validation, "suspect_origin": origin}
+        fields: dict[str, Any] = {VALIDATION: validation, "suspect_origin": origin, ACTIVATION_PENDING: True}
         remove: list[str] = []
         if instance.state is InstanceState.QUARANTINED:
             fields.update(suspect_since=now, suspect_reason=str(history.get("reason") or "")[:500])
@@ -150,9 +153,18 @@ class ValidationRepository:
             more, gone, update = self.cordons.uncordon_updates(instance.container_inst_id, now)
             fields, remove = more, [*remove, *gone]
             sync.append(update)
+        fields[ACTIVATION_PENDING] = True
         return self.db.transact([self._returned(self.instances.instance_update(
             instance.container_inst_id, from_states=[instance.state], to=InstanceState.AVAILABLE,
             set_fields=fields, remove_fields=remove, clear_deadline=True, **_RETURNABLE), history), *sync])
+
+    def activation_done(self, container_inst_id: str) -> bool:
+        """The return's ECS step is confirmed (the node ACTIVE, or found not DRAINING): a rerun of
+        the command has nothing left to finish."""
+        return self.db.apply(Update(
+            table=self.instance_table_name, key={INSTANCE_PK: container_inst_id},
+            remove_fields=[ACTIVATION_PENDING], condition="attribute_exists(#ap)",
+            condition_names={"#ap": ACTIVATION_PENDING}))
 
     @staticmethod
     def _returned(update: Update, history: dict[str, Any]) -> Update:
