@@ -41,14 +41,20 @@ from gpu_recovery.repository.heartbeat import DISCONNECTED_SEEN, WATCHED_JOB_STA
 logger = logging.getLogger(__name__)
 
 
-def lost_since(item: dict[str, Any], stale_seconds: float) -> float:
-    """When a rank the sweep escalates was lost: NODE_LOST, its ``node_lost_at``; a suspension's
-    rank asked to stop, ``heartbeat_policy.stop_unconfirmed_since``."""
+def lost_since(item: dict[str, Any], stale_seconds: float) -> float | None:
+    """When a watched rank was lost, the one rule the sweep escalates by and the escalation
+    reports: NODE_LOST, its ``node_lost_at``; a suspension's rank asked to stop,
+    ``heartbeat_policy.stop_unconfirmed_since``. None: not known (never escalated)."""
     if item.get("rank_state") == RankState.NODE_LOST.value:
-        return float(item["node_lost_at"])
-    since = policy.stop_unconfirmed_since(item.get("node_lost_at"), item.get(HB_AT), stale_seconds)
+        lost_at = item.get("node_lost_at")
+        return None if lost_at is None else float(lost_at)
+    return policy.stop_unconfirmed_since(item.get("node_lost_at"), item.get(HB_AT), stale_seconds)
+
+
+def _escalated_since(item: dict[str, Any], stale_seconds: float) -> float:
+    since = lost_since(item, stale_seconds)
     if since is None:
-        raise ValueError(f"rank {item.get(JOB_PK)} asked to stop has no heartbeat to be lost since")
+        raise ValueError(f"rank {item.get(JOB_PK)} escalated has no time it was lost since")
     return since
 
 
@@ -74,7 +80,7 @@ class NodeLostEscalation:
         A SUSPENDING job whose node ECS still reaches is left to its suspension's stop.
         Returns recovery | confirming | failed | unwatched | retry | suspending."""
         stale = self.settings.stale_seconds
-        lost = [(self.repo.rank_from_item(i), lost_since(i, stale)) for i in items]
+        lost = [(self.repo.rank_from_item(i), _escalated_since(i, stale)) for i in items]
         ranks = [r for r, _ in lost]
         job = self.repo.get_job(job_id)
         if job is None or job.attempt != attempt or job.state not in WATCHED_JOB_STATES:

@@ -50,7 +50,7 @@ from gpu_recovery.domain.heartbeat_policy import HardwareSignal, HeartbeatSettin
 from gpu_recovery.domain.models import Instance, Rank
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import HEARTBEAT_WATCHED_RANK_STATES
-from gpu_recovery.heartbeat.escalation import NodeLostEscalation
+from gpu_recovery.heartbeat.escalation import NodeLostEscalation, lost_since
 from gpu_recovery.heartbeat.ports import EcsPort, MetricsPort, NullMetrics, RecoveryPort
 from gpu_recovery.heartbeat.results import GpuResult, ReplayedReport, ReportResult, SweepResult
 from gpu_recovery.repository.heartbeat import (
@@ -518,18 +518,15 @@ class HeartbeatService:
                 if self._mark_lost(rank, item, now, reason):
                     result.marked_lost.append(label)
             elif rank.state is RankState.NODE_LOST:
-                lost_at = item.get("node_lost_at")
                 # The job follows its lost ranks (convergent): a rank marked lost by a
                 # delivery that died before the job's own step is settled here.
                 settle.add((rank.job_id, rank.attempt))
-                if lost_at is not None and policy.node_lost_expired(
-                    lost_at, now, self.settings.node_lost_fail_seconds
-                ):
+                fail_seconds = self.settings.node_lost_fail_seconds
+                if policy.node_lost_expired(lost_since(item, stale), now, fail_seconds):
                     key = (rank.job_id, rank.attempt, rank.container_inst_id)
                     escalations.setdefault(key, []).append(item)
             elif rank.state is RankState.STOP_REQUESTED and policy.node_lost_expired(
-                policy.stop_unconfirmed_since(item.get("node_lost_at"), item.get(HB_AT), stale),
-                now, self.settings.node_lost_fail_seconds,
+                lost_since(item, stale), now, self.settings.node_lost_fail_seconds,
             ):
                 # A suspension's rank asked to stop (kept watched until STOPPED) and silent as long:
                 # its node may be lost under the stop (``heartbeat.escalation``).
