@@ -5,11 +5,17 @@
 By default the node goes back through the stack's own check, the lifecycle a lost node's
 reconnect uses (``recovery.lost_node_checks``, ``domain.validation.SUSPECT_CHECKS``): one
 conditional write opens its check (``Repair.OPERATOR``) on a SUSPECT (any origin) or
-QUARANTINED node with no check open; the node is SUSPECT while it runs (no queue work:
-the scheduler's admission skips SUSPECT nodes), due at once, so the recovery sweep starts
-the validation task within a minute once no rank holds its GPUs. A pass makes it AVAILABLE;
-a failure keeps it SUSPECT for a person with the check's evidence and one e-mail, never a
-failed repair. This command starts no ECS task.
+QUARANTINED node with no check open, and its ``validating`` cordon (``domain.cordon.check_cordon``,
+with the cordon worklist's member: not counted by the cordon limit); the node is SUSPECT while
+it runs (no queue work: the scheduler's admission skips SUSPECT nodes) and carries
+``gpu-recovery.unavailable=validating`` (no work of any scheduler using the placement
+constraint: the command puts it before it sets a DRAINING node ACTIVE, the sweep's worklist
+puts it otherwise and confirms it), due at once, so the recovery sweep starts the validation
+task within a minute once no rank holds its GPUs. A pass makes it AVAILABLE, its cordon
+cleared; a failure keeps it SUSPECT for a person with the check's evidence and one e-mail,
+never a failed repair, its cordon a known-bad ``cordoned`` one (the stack's own verdict); a
+check that could not give an answer (stalled) lifts the cordon (a missing answer holds no
+node) and goes on being tried. This command starts no ECS task.
 
 ``--without-check``: the operator vouches for the repair (parts replaced, field diagnostics
 passed): one conditional write makes it AVAILABLE, its quarantine, suspect fields, cordon and
@@ -39,7 +45,9 @@ from gpu_recovery.constants import (
     ENV_POST_REPAIR_VALIDATION,
     InstanceState,
 )
+from gpu_recovery.domain import placement
 from gpu_recovery.domain import validation as policy
+from gpu_recovery.domain.cordon import check_cordon
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.repository.validations import ACTIVATION_PENDING, RETURNABLE_STATES
@@ -121,7 +129,8 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
     if not written and not raw.get(ACTIVATION_PENDING):
         return 0  # its ECS step was confirmed: a drain made since is not undone
     try:
-        activated = _activate(ecs, instance, args.cluster or _cluster_of(instance) or stack_cluster)
+        activated = _activate(ecs, instance, args.cluster or _cluster_of(instance) or stack_cluster,
+                              lambda: (repo.get_instance_item(node) or {}).get("cordon"))
     except Exception as error:
         print(f"error: the node's return is recorded, but setting it ACTIVE in ECS failed ({error}): run the "
               "same command again to finish", file=sys.stderr)
@@ -153,14 +162,18 @@ def _write(args: argparse.Namespace, repo: Any, instance: Instance, raw: Mapping
         what += f" (quarantined: {instance.quarantine_reason or 'no reason recorded'})"
     check = policy.SUSPECT_CHECKS[Repair.OPERATOR]
     record = policy.new_validation(Repair.OPERATOR, cause=check.cause, since=now, policy=check_policy)
-    if not repo.validations.open_operator_check(instance, record, now, origin=check.origin,
+    cordon = check_cordon(instance.cordon, repair=Repair.OPERATOR.value, now=now,
+                          reason=f"{check.name}: validating ({check_policy.describe()})")
+    if not repo.validations.open_operator_check(instance, record, now, origin=check.origin, cordon=cordon,
                                                 history=_history(instance, InstanceState.SUSPECT, now, who,
                                                                  what)):
         raise _changed(repo, node)
     return (f"node {node} returned for the stack's check ({check_policy.describe()}): it stays SUSPECT (no "
-            "queue work) until the check passes, then is AVAILABLE; the recovery sweep starts the check "
-            "within a minute, once no rank holds its GPUs. A failed check keeps it SUSPECT with the check's "
-            "evidence (last_validation, last_verdict) and one validation_failed e-mail.")
+            f"queue work) and cordoned ({placement.UNAVAILABLE_ATTRIBUTE}={placement.VALIDATING}: no "
+            "other scheduler's work) until the check passes, then is AVAILABLE; the recovery sweep starts "
+            "the check within a minute, once no rank holds its GPUs. A failed check keeps it SUSPECT and "
+            "cordoned with the check's evidence (last_validation, last_verdict) and one validation_failed "
+            "e-mail.")
 
 
 def _returnable(instance: Instance) -> None:
@@ -214,8 +227,10 @@ def _cluster_of(instance: Instance) -> str:
     return parts[0] if len(parts) == 2 else ""
 
 
-def _activate(ecs: Any, instance: Instance, cluster: str | Callable[[], str]) -> bool:
-    """DescribeContainerInstances; DRAINING: UpdateContainerInstancesState ACTIVE. True when set."""
+def _activate(ecs: Any, instance: Instance, cluster: str | Callable[[], str],
+              cordon_now: Callable[[], Mapping[str, Any] | None]) -> bool:
+    """DescribeContainerInstances; DRAINING: the node's cordon put in ECS (``cordon_now``: as
+    its item says now), then UpdateContainerInstancesState ACTIVE. True when set."""
     name = cluster if isinstance(cluster, str) else (os.environ.get(ENV_CLUSTER_NAME) or cluster())
     if not name:
         raise ReturnError("no ECS cluster known: give --cluster")
@@ -227,10 +242,30 @@ def _activate(ecs: Any, instance: Instance, cluster: str | Callable[[], str]) ->
         raise ReturnError(f"ECS cluster {name} does not know the node ({reasons}): is --cluster right?")
     if found[0].get("status") != "DRAINING":
         return False
+    _put_cordon(ecs, name, target, cordon_now())
     answer = ecs.update_container_instances_state(cluster=name, containerInstances=[target], status="ACTIVE")
     if answer.get("failures"):
         raise ReturnError(f"ECS refused ACTIVE: {answer['failures']}")
     return True
+
+
+def _put_cordon(ecs: Any, cluster: str, target: str, cordon: Mapping[str, Any] | None) -> None:
+    """PutAttributes of the node's cordon (its check's ``validating``) before it leaves DRAINING,
+    so no scheduler places on it between ACTIVE and the sweep's sync of the cordon worklist
+    (which puts it again, idempotent, and confirms it). Only on a DRAINING node: no check ran
+    there, so none passed and cleared the cordon this put would bring back. A failure is left
+    to the sweep (a minute), never a reason to keep the node DRAINING."""
+    put, _ = placement.attributes_wanted(cordon, None)
+    if not cordon or not put:
+        return
+    attributes = [{"name": name, **({"value": value} if value else {}), "targetId": target,
+                   **({} if target.startswith("arn:") else {"targetType": "container-instance"})}
+                  for name, value in put.items()]
+    try:
+        ecs.put_attributes(cluster=cluster, attributes=attributes)
+    except Exception as error:
+        print(f"warning: putting the node's {placement.UNAVAILABLE_ATTRIBUTE} attribute failed ({error}): "
+              "the recovery sweep puts it within a minute", file=sys.stderr)
 
 
 def _when(at: Any) -> str:

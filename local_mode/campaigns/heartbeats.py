@@ -17,7 +17,8 @@ node agent still reports: the job FAILED and e-mailed (``node_lost``), rank 0 st
 only flagged SUSPECT (no quarantine, no drain, nothing in its fault history) and marked
 ``gpu-recovery.lost-node``. Its ECS agent reconnects (dockerd back) ``RECONNECT_AFTER_SECONDS``
 after it went: the stack's own check (the validation task, ``Repair.RECONNECT``) runs on
-node-b, healthy, and passes: node-b AVAILABLE, no check left open. The flow runs, its calls
+node-b (cordoned ``validating`` meanwhile), healthy, and passes: node-b AVAILABLE, no check,
+cordon or placement attribute left. The flow runs, its calls
 counted, until then (``NodeWedged.settled``).
 
 ``run(fault)`` breaks the n-th AWS call made once the job runs (the agents' reports, both
@@ -34,6 +35,7 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState
+from gpu_recovery.domain import placement
 from gpu_recovery.domain.heartbeat_policy import ReportedTask
 from gpu_recovery.domain.validation import Result, judge
 
@@ -104,6 +106,9 @@ class WedgedResult(RunResult):
     suspect_origin: str  # node-b's suspect origin at the end ("" once AVAILABLE)
     fault_history: int  # node-b's fault records
     no_verdict_retries: int  # checks the stack ran again because one ended with no verdict
+    # node-b's cordon (the check's) or placement attributes left at the end (want none: its pass
+    # cleared them)
+    out_of_placement: list[str]
 
     def expectations(self) -> list[str]:
         problems = self.job_failed(lost_node=InstanceState.AVAILABLE)
@@ -116,6 +121,8 @@ class WedgedResult(RunResult):
                             "no-verdict retries (want one pass, a second only after no verdict)")
         if self.validation_open:
             problems.append(f"{LOST} still holds a check")
+        if self.out_of_placement:
+            problems.append(f"{LOST} is still kept out of placement: {self.out_of_placement}")
         if self.fault_history:
             problems.append(f"{LOST} has {self.fault_history} fault record(s) (a missing answer is none)")
         problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2),
@@ -255,12 +262,16 @@ class NodeWedged(NodeLost):
         checks = [t.exit_code for t in sorted(world.ecs.tasks.values(), key=lambda t: t.created_at)
                   if t.validation and t.node == LOST]
         history = world.repo.get_instance_item(node.container_instance_id) or {}
+        left = sorted({str(a["name"]) for a in world.ecs.ci_description(node)["attributes"]}
+                      & {placement.UNAVAILABLE_ATTRIBUTE, placement.DEPRECATED_CORDON_ATTRIBUTE})
         return WedgedResult(
             **vars(base), checks=checks,
             validation_open=instance is None or bool(instance.validation),
             suspect_origin=instance.suspect_origin if instance else "",
             fault_history=len(history.get("fault_history") or []),
             no_verdict_retries=sum(1 for code in checks if judge(code) is Result.NO_VERDICT),
+            out_of_placement=[*([f"cordon {instance.cordon}"] if instance is not None and instance.cordoned
+                                else []), *left],
         )
 
 

@@ -13,7 +13,9 @@ import pytest
 
 from cli.admin import main
 from gpu_recovery.constants import DEADLINE_BUCKET, DEADLINE_PK, DEADLINE_SK, InstanceState
+from gpu_recovery.domain.cordon import parse_sync_entry
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import to_ddb
 from gpu_recovery.repository.validations import ACTIVATION_PENDING
 
@@ -42,6 +44,13 @@ class Cluster:
         )["containerInstances"]
         return str(found["status"])
 
+    def attributes(self) -> dict[str, str]:
+        """The node's custom attributes in ECS (name -> value, "" for none)."""
+        found = self.ecs().list_attributes(cluster=self.world.aws.cluster_name,
+                                           targetType="container-instance")
+        return {a["name"]: a.get("value", "") for a in found["attributes"]
+                if a["targetId"] == self.node.container_instance_arn}
+
     def drain(self) -> None:
         self.ecs().update_container_instances_state(cluster=self.world.aws.cluster_name, status="DRAINING",
                                                     containerInstances=[self.node.container_instance_arn])
@@ -58,6 +67,11 @@ class Cluster:
                 UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues={f":v{i}": to_ddb(v) for i, v in enumerate(fields.values())})
+
+    def pending_cordon_syncs(self) -> list[float]:
+        """The node's cordon intents on the attribute worklist, by their version."""
+        members = self.world.repo.cordons.pending().get(self.node_id, [])
+        return [parsed[1] for member in members if (parsed := parse_sync_entry(member)) is not None]
 
     def item(self) -> dict[str, Any]:
         return dict(self.world.repo.get_instance_item(self.node_id) or {})
@@ -106,6 +120,12 @@ def test_a_quarantined_node_goes_back_through_the_stacks_check(cluster: Cluster,
     assert line["from"] == "QUARANTINED" and line["to"] == "SUSPECT" and "GPU 3 reseated" in line["reason"]
     assert line["actor"].startswith("arn:aws:")  # the caller's identity
     assert cluster.status() == "ACTIVE" and cluster.tasks() == []
+    # Off every scheduler's placement while its check runs: its ``validating`` cordon in the same
+    # write (with the worklist's member, the sweep's to confirm), its attribute put before ACTIVE.
+    assert item["cordon"]["validating"] is True and item["cordon"]["ecs"] == "pending"
+    assert item["cordon_version"] == item["cordon"]["at"]
+    assert any(item["cordon_version"] == version for version in cluster.pending_cordon_syncs())
+    assert cluster.attributes()[UNAVAILABLE_ATTRIBUTE] == "validating"
 
     assert cluster.run() == 0
     again = capsys.readouterr().err

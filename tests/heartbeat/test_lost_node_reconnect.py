@@ -16,6 +16,7 @@ from gpu_recovery.constants import (
     InstanceState,
     JobState,
 )
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from tests.heartbeat.world import CLUSTER_ARN, NODE, NODE_ARN, RecoveryLoop, rank_stopped, task_arn
@@ -63,12 +64,18 @@ def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(wo
     assert loop.service.on_container_instance_change(_instance_event(connected=False)).action == "ignored"
     assert loop.checks() == []
 
+    assert "cordon" not in node  # a missing answer holds no node: not cordoned on the flag
     loop.ecs.agent_connected[NODE] = True
     outcome = loop.service.on_container_instance_change(_instance_event(connected=True))
     assert outcome.action == "reconnect_check_opened"
     [check] = loop.checks()
     assert world.instance_state(NODE) is InstanceState.SUSPECT
-    assert world.node_item(NODE)["validation"]["repair"] == "reconnect"
+    node = world.node_item(NODE)
+    assert node["validation"]["repair"] == "reconnect"
+    # Off every scheduler's placement while its check runs: cordoned ``validating`` in the write
+    # that opened it, the attribute put after it (the worklist's), before the check started.
+    assert node["cordon"]["validating"] is True and node["cordon"]["cause"] == "validation:reconnect"
+    assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "validating"
     assert LOST_NODE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())  # its events no longer needed
 
     # The same event again, and a later one (out of order): no second check.
@@ -82,8 +89,9 @@ def test_a_lost_nodes_reconnect_starts_the_stacks_check_whose_pass_returns_it(wo
     assert loop.service.on_health_check_stopped(loop.stopped(check, 0)).action == "validation_passed"
     assert world.instance_state(NODE) is InstanceState.AVAILABLE
     node = world.node_item(NODE)
-    assert "suspect_origin" not in node and "validation" not in node
+    assert "suspect_origin" not in node and "validation" not in node and "cordon" not in node
     assert node["last_validation"]["result"] == "passed"
+    assert UNAVAILABLE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())  # its cordon cleared
     # Redelivered after the pass: nothing more (the stale mark it names is deleted).
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
     assert loop.checks() == [check]
@@ -97,9 +105,37 @@ def test_a_failed_check_of_a_lost_node_keeps_it_suspect_for_a_person_never_a_fai
     loop.ecs.agent_connected[NODE] = True
     loop.service.on_container_instance_change(_instance_event(connected=True))
     [check] = loop.checks()
-    loop.fail_the_check(check, "reconnect_check_failed")
+    node = loop.fail_the_check(check, "reconnect_check_failed")
+    # The stack's own verdict: known bad, its check's cordon a ``cordoned`` one in the same write.
+    assert "validating" not in node["cordon"] and node["cordon"]["cause"] == "builtin:ecs-agent-disconnected"
+    assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "cordoned"
     assert loop.service.on_container_instance_change(_instance_event(connected=True)).action == "unmarked"
     assert loop.checks() == [check]
+
+
+def test_a_check_that_gives_no_answer_lifts_its_cordon_and_goes_on(world) -> None:
+    """When the reconnected lost node's check ends with no verdict at every attempt (stalled),
+    Then no repair failed and the node is no known-bad one: it stays SUSPECT with its check open
+    (tried again), but its cordon goes (a missing answer holds no node by itself), the
+    attribute with it; a later pass makes it AVAILABLE."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.agent_connected[NODE] = True
+    loop.service.on_container_instance_change(_instance_event(connected=True))
+    outcomes = []
+    for _ in range(3):  # START_RETRIES: each ends inconclusive (exit 5)
+        outcomes.append(loop.service.on_health_check_stopped(loop.stopped(loop.checks()[-1], 5)).action)
+        if len(outcomes) < 3:  # a no-verdict attempt is tried again under the check's cordon
+            assert world.node_item(NODE)["cordon"]["validating"] is True
+            assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "validating"
+    assert outcomes == ["validation_retried", "validation_retried", "validation_stalled"]
+    node = world.node_item(NODE)
+    assert world.instance_state(NODE) is InstanceState.SUSPECT and node["validation"]["stalled_at"]
+    assert "cordon" not in node and UNAVAILABLE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())
+    world.clock.advance(60)
+    loop.service.sweep()
+    assert loop.service.on_health_check_stopped(loop.stopped(loop.checks()[-1], 0)).action \
+        == "validation_passed"
+    assert world.instance_state(NODE) is InstanceState.AVAILABLE
 
 
 def test_a_reconnect_whose_event_never_came_is_found_by_the_sweep(world) -> None:

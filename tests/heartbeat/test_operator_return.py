@@ -11,6 +11,7 @@ from typing import Any
 from cli import admin
 from gpu_recovery.constants import DEADLINE_SK, InstanceState
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository.heartbeat import HeartbeatRepository
 from tests.heartbeat.world import NODE, NODE_ARN, RecoveryLoop
 
@@ -22,12 +23,17 @@ class _EcsClient:
 
     def __init__(self, status: str) -> None:
         self.status = status
-        self.updates: list[str] = []
+        self.updates: list[str] = []  # each status set, and "put <name>=<value>" of each attribute put
 
     def describe_container_instances(self, *, cluster: str, containerInstances: list[str]) -> dict[str, Any]:
         assert cluster == "gpu-cluster"  # the node's ARN names it
         found = {"containerInstanceArn": containerInstances[0], "status": self.status}
         return {"containerInstances": [found], "failures": []}
+
+    def put_attributes(self, *, cluster: str, attributes: list[dict[str, str]]) -> dict[str, Any]:
+        assert cluster == "gpu-cluster" and all(a["targetId"] == NODE_ARN for a in attributes)
+        self.updates += [f"put {a['name']}={a.get('value', '')}" for a in attributes]
+        return {"attributes": attributes}
 
     def update_container_instances_state(self, *, cluster: str, containerInstances: list[str],
                                          status: str) -> dict[str, Any]:
@@ -75,19 +81,25 @@ def test_a_returned_quarantined_node_is_checked_by_the_sweep_and_its_pass_return
     assert node[DEADLINE_SK] == world.clock()  # due at once: the sweep starts it
     assert "quarantine_reason" not in node and "GPU 3 reseated" in node["suspect_reason"]
     assert node["history"][-1]["actor"] == OPERATOR and node["history"][-1]["from"] == "QUARANTINED"
-    assert ecs.updates == ["ACTIVE"] and loop.checks() == []  # the CLI starts no task
+    # Off every scheduler's placement while its check runs: cordoned ``validating`` in the same
+    # write, its attribute put by the command before the node left DRAINING (no gap before the sweep).
+    assert node["cordon"]["validating"] is True and node["cordon"]["cause"] == "validation:operator"
+    activation = [f"put {UNAVAILABLE_ATTRIBUTE}=validating", "put gpu-recovery.cordoned=", "ACTIVE"]
+    assert ecs.updates == activation and loop.checks() == []  # the CLI starts no task
 
-    loop.service.sweep()
+    loop.service.sweep()  # the worklist's sync of the intent, then the check
+    assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "validating"
     [check] = loop.checks()
     assert world.instance_state(NODE) is InstanceState.SUSPECT
     assert loop.service.on_health_check_stopped(loop.stopped(check, 0)).action == "validation_passed"
     assert world.instance_state(NODE) is InstanceState.AVAILABLE
     node = world.node_item(NODE)
     assert "suspect_origin" not in node and "validation" not in node and "suspect_reason" not in node
+    assert "cordon" not in node and UNAVAILABLE_ATTRIBUTE not in loop.ecs.attributes.get(NODE, set())
     assert node["last_validation"]["result"] == "passed" and node["last_validation"]["repair"] == "operator"
 
     assert _return_node(world, ecs) == 0
-    assert world.node_item(NODE) == node and ecs.updates == ["ACTIVE"]
+    assert world.node_item(NODE) == node and ecs.updates == activation
 
 
 def test_a_returned_suspect_node_that_fails_its_check_stays_suspect_for_a_person(world) -> None:
@@ -101,10 +113,15 @@ def test_a_returned_suspect_node_that_fails_its_check_stays_suspect_for_a_person
     ecs = _EcsClient("ACTIVE")
     assert _return_node(world, ecs) == 0
     assert ecs.updates == [] and world.node_item(NODE)["suspect_origin"] == "operator_return"
+    assert world.node_item(NODE)["cordon"]["validating"] is True
     sent = len(world.notifier.sent)
 
     world.clock.advance(60)
     loop.service.sweep()
+    assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "validating"
     [check] = loop.checks()
-    loop.fail_the_check(check, "operator_return_check_failed")
+    node = loop.fail_the_check(check, "operator_return_check_failed")
     assert len(world.notifier.sent) == sent + 1
+    # The stack's own verdict: known bad, cordoned (not counted by the cordon limit: no window).
+    assert "validating" not in node["cordon"] and node["cordon"]["cause"] == "builtin:operator-return"
+    assert loop.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == "cordoned"

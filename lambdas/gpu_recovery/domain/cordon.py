@@ -149,6 +149,32 @@ def validating_record(*, repair: str, reason: str, now: float, ecs: str) -> dict
     return {**record, "validating": True}
 
 
+def check_cordon(current: Mapping[str, Any] | None, *, repair: str, reason: str,
+                 now: float) -> dict[str, Any] | None:
+    """The ``validating`` cordon a check opens over the node's ``current`` cordon (the stack's
+    check of a node no repair preceded: ``domain.validation.SUSPECT_CHECKS``), as a repaired
+    node's validation has: never admitted by the cordon limit (it is the check's, not a
+    judgement), held if the limit holds the cordon it replaces. None: an AWS notice's cordon
+    stays (the node goes away whatever the check says; a pass leaves it, as a reboot does)."""
+    if current and current.get("notice"):
+        return None
+    held = (current or {}).get("ecs") == ECS_HELD
+    return validating_record(repair=repair, reason=reason, now=now, ecs=ECS_HELD if held else ECS_PENDING)
+
+
+def failed_check_cordon(current: Mapping[str, Any] | None, *, cause: str, reason: str,
+                        now: float) -> dict[str, Any] | None:
+    """A check of a node no repair preceded found a fault (a DCGM verdict of the stack's own
+    task: trustworthy evidence): the node is known bad, its ``validating`` cordon becomes a
+    ``cordoned`` one in the same write. Not admitted by the cordon limit: the node was out of
+    every placement already (its check's cordon), only the attribute's value changes; a held
+    one stays held. None: an AWS notice's cordon stays."""
+    if current and current.get("notice"):
+        return None
+    held = (current or {}).get("ecs") == ECS_HELD
+    return cordon_record(cause=cause, reason=reason, now=now, ecs=ECS_HELD if held else ECS_PENDING)
+
+
 def sync_entry(node: str, version: float) -> str:
     """A pending ECS attribute sync (the worklist's member): node and the cordon version."""
     return f"{node}#{version!r}"

@@ -4,7 +4,8 @@ Four kinds of node take no new work from any scheduler but the stack's own reloc
 
 * **cordoned**: known bad (``domain.cordon``), until healthy again;
 * **validating**: repaired (rebooted, reset, replaced) and running its validation under
-  load (``domain.validation``): a cordon whose record says so, until the validation passes;
+  load (``domain.validation``), or under the stack's check of a node no repair preceded
+  (``SUSPECT_CHECKS``): a cordon whose record says so, until the validation passes;
 * **spare**: one of the ``spare_nodes`` hot spares (``domain.relocation.SparePool``),
   kept wholly free for relocations;
 * **reserved**: a healthy free node a relocatable job waiting for nodes will take

@@ -73,9 +73,12 @@ class Repair(str, Enum):
 @dataclass(frozen=True)
 class SuspectCheck:
     """The stack's own check of a node no repair preceded: the validation's task and claim on
-    a node that stays SUSPECT meanwhile (``suspect_origin`` ``origin``). A pass makes it
-    AVAILABLE, as a passed validation; a failure is no failed repair: no node decision, it
-    stays SUSPECT for a person (``failed_origin``) with the check's evidence and one e-mail."""
+    a node that stays SUSPECT meanwhile (``suspect_origin`` ``origin``), cordoned
+    ``validating`` by the write that opens it (``domain.cordon.check_cordon``). A pass makes it
+    AVAILABLE, its cordon cleared, as a passed validation; a failure is no failed repair: no
+    node decision, it stays SUSPECT for a person (``failed_origin``) with the check's evidence
+    and one e-mail, cordoned as known bad (``domain.cordon.failed_check_cordon``: its own
+    verdict); a check that could not run loses its cordon (a missing answer holds no node)."""
 
     name: str  # what its verdict's source and the logs call it
     cause: str  # the cause its record names

@@ -11,16 +11,18 @@ When its ECS agent reconnects (the event: ``agentConnected`` and ACTIVE; or the 
 DescribeContainerInstances, which finds a reconnect whose event came before the mark or was
 lost), the stack runs its own check: the validation task, with the lifecycle of a validation
 after repair (``recovery.validations``: the claim, StartTask, the result), on the node, which
-stays SUSPECT meanwhile (``Repair.RECONNECT``). It runs even when the host never stopped
-reporting: ECS's state recovered, the stack verifies the GPUs itself. Once per flag: the check
-is opened by a write conditional on no check open and on the flag being the lost node's, so a
-redelivered or late event starts nothing more.
+stays SUSPECT meanwhile (``Repair.RECONNECT``), cordoned ``validating`` by the write that opens
+it (``domain.cordon.check_cordon``: every other scheduler keeps off it too). It runs even when
+the host never stopped reporting: ECS's state recovered, the stack verifies the GPUs itself.
+Once per flag: the check is opened by a write conditional on no check open and on the flag
+being the lost node's, so a redelivered or late event starts nothing more.
 
-* passed: AVAILABLE, as a passed validation;
+* passed: AVAILABLE, its cordon cleared, as a passed validation;
 * failed (a DCGM verdict): no failed repair (none was made) and no node decision: the node
   stays SUSPECT for a person, now for its check's evidence (``Validations``'
-  ``_check_failed``), with one e-mail;
-* no verdict: as a validation's, run again, never a failure.
+  ``_check_failed``), known bad (its cordon ``cordoned``), with one e-mail;
+* no verdict: as a validation's, run again, never a failure; once its attempts are spent
+  (stalled) its cordon goes: a missing answer holds no node.
 
 SUSPECT nodes of any other origin (telemetry, the breaker's hold) keep their own paths.
 """
@@ -34,6 +36,7 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import LOST_NODE_ATTRIBUTE
 from gpu_recovery.domain import validation as policy
+from gpu_recovery.domain.cordon import check_cordon
 from gpu_recovery.domain.models import Instance, container_instance_id
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
@@ -117,11 +120,15 @@ class LostNodeChecks:
         now = clock.now()
         record = policy.new_validation(Repair.RECONNECT, cause=CHECK.cause, since=now,
                                        policy=self.settings.validation)
-        if not self.records.open_reconnect_check(instance, record, now):
+        cordon = check_cordon(instance.cordon, repair=Repair.RECONNECT.value, now=now,
+                              reason=f"{CHECK.name}: validating ({self.settings.validation.describe()})")
+        if not self.records.open_reconnect_check(instance, record, now, cordon):
             return "duplicate"
         self.metrics.add_metric(f"{CHECK.metric}Opened", "Count", 1)
         logger.info("lost node's ECS agent reconnected: the stack's own check runs on it", extra={
             "instance": inst_id, "validation": self.settings.validation.describe()})
+        if cordon is not None:
+            after_commit("validating attribute", self.validations.cordons.sync_quietly, inst_id)
         after_commit("lost-node unmark", unmark_lost_node, self.ecs,
                      instance.container_instance_arn or inst_id)
         fresh = self.data.get_instance(inst_id)

@@ -46,7 +46,7 @@ from gpu_recovery.constants import (
     NotificationKind,
 )
 from gpu_recovery.domain import validation as policy
-from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, validating_record
+from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, failed_check_cordon, validating_record
 from gpu_recovery.domain.escalation import history_from_item
 from gpu_recovery.domain.evidence import DcgmFindings
 from gpu_recovery.domain.fault_vocabulary import Trigger
@@ -333,21 +333,30 @@ class Validations:
         again (a fresh round of attempts within a fresh timeout): never escalated."""
         now = clock.now()
         inst_id = instance.container_inst_id
+        # A check no repair preceded (policy.SUSPECT_CHECKS) that gave no answer holds no node:
+        # its cordon goes, the node stays SUSPECT (no queue work) while it is tried again.
+        check = policy.suspect_check(instance.validation)
+        uncordon = check is not None and bool((instance.cordon or {}).get("validating"))
         also = []
         if not instance.validation.get("stalled_at"):
+            kept = (f"{inst_id} kept SUSPECT (no queue work), its cordon lifted: a missing answer holds no "
+                    "node" if check is not None else f"{inst_id} kept out of placement until then")
             notice = self.notices.for_node(
                 NotificationKind.VALIDATION_FAILED,
-                f"GPU node {inst_id}: its validation after repair could not run",
+                f"GPU node {inst_id}: its {check.name if check else 'validation after repair'} could not run",
                 container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
                 what_happened=f"The validation of {inst_id} could not run: {why}",
-                what_was_done=f"{inst_id} kept out of placement until then; not counted as a failed repair",
+                what_was_done=f"{kept}; not counted as a failed repair",
                 operator_action="Look at why the stack's validation task cannot run (its image, the task "
                                 "definition, the node's ECS agent, `doctor`): it is tried again meanwhile.")
             also = self.notices.owe([notice], now)
-        if not self.records.stall_validation(instance, now, now + self.policy.timeout_seconds, also):
+        if not self.records.stall_validation(instance, now, now + self.policy.timeout_seconds, also,
+                                             uncordon=uncordon):
             return "raced"
         if also:
             self.notices.send([notice])
+        if uncordon:
+            after_commit("uncordon after a check gave no answer", self.cordons.sync_quietly, inst_id)
         self.metrics.add_metric("ValidationsStalled", "Count", 1)
         logger.warning("validation could not run: not a failed repair, tried again", extra={
             "instance": inst_id, "why": why})
@@ -388,19 +397,25 @@ class Validations:
                                       exit_code=exit_code, task_arn=task_arn,
                                       why=why or "; ".join(dcgm.reasons[:3]) or f"verdict {dcgm.verdict}")
         note = policy.history_note(inst_id, record)
+        # The stack's own check gave a verdict: trustworthy evidence, the node is known bad (its
+        # check's cordon becomes a ``cordoned`` one in the same write: domain.cordon).
+        cordon = failed_check_cordon(instance.cordon, cause=check.cause, reason=note, now=now)
         notice = self.notices.for_node(
             NotificationKind.VALIDATION_FAILED, f"GPU node {inst_id} failed the stack's check {check.after}: "
                                                 "kept SUSPECT",
             container_inst_id=inst_id, instance_id=instance.ec2_instance_id,
             what_happened=f"{note} (DCGM verdict {dcgm.verdict}, exit {exit_code})",
-            what_was_done=f"{inst_id} kept SUSPECT (no new queue work); not rebooted, replaced or "
+            what_was_done=f"{inst_id} kept SUSPECT and cordoned (no new work, from the queue or from "
+                          "schedulers using the placement attribute); not rebooted, replaced or "
                           "quarantined, nothing counted in its fault history",
             operator_action="Read the check's verdict (the node's last_validation and last_verdict, the "
                             "health-check log group); repair or return the node as the runbook says.")
-        if not self.records.fail_suspect_check(instance, record, verdict, note, check.failed_origin,
+        if not self.records.fail_suspect_check(instance, record, verdict, note, check.failed_origin, cordon,
                                                also=self.notices.owe([notice], now)):
             return "raced"
         self.notices.send([notice])
+        if cordon is not None:
+            after_commit("cordon after a failed check", self.cordons.sync_quietly, inst_id)
         self.metrics.add_metric(f"{check.metric}Failed", "Count", 1)
         logger.warning(f"{check.name} failed: kept SUSPECT for a person", extra={
             "instance": inst_id, "exit_code": exit_code, "verdict": str(dcgm.verdict)})

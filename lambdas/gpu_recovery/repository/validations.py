@@ -85,16 +85,18 @@ class ValidationRepository:
                                                  from_state=instance.state)
 
     # ------------------------------------------------ a lost node reconnected
-    def open_reconnect_check(self, instance: Instance, validation: dict[str, Any], now: float) -> bool:
+    def open_reconnect_check(self, instance: Instance, validation: dict[str, Any], now: float,
+                             cordon: dict[str, Any] | None) -> bool:
         """A lost node SUSPECT on a missing answer whose ECS agent reconnected: the stack's own
         check (``validation``, ``domain.validation.new_validation`` with ``Repair.RECONNECT``)
         on the node, which stays SUSPECT, due at once (the sweep starts it if this delivery
-        dies). Once per flag: only while no check is open and the flag is the lost node's (a
-        redelivered or late event writes nothing)."""
-        return self.db.apply(self.instances.instance_update(
+        dies), under ``cordon`` (``domain.cordon.check_cordon``; None: the one it has stays)
+        with its worklist member. Once per flag: only while no check is open and the flag is
+        the lost node's (a redelivered or late event writes nothing)."""
+        update = self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.SUSPECT],
-            set_fields={VALIDATION: validation}, deadline_at=now,
-            **_LOST_NODE_UNCHECKED))
+            set_fields={VALIDATION: validation}, deadline_at=now, **_LOST_NODE_UNCHECKED)
+        return self.db.transact(self._under(update, cordon))
 
     def rearm_lost_node(self, instance: Instance, look_at: float) -> bool:
         """A lost node still SUSPECT with no check open (its agent still away): looked at again."""
@@ -103,12 +105,14 @@ class ValidationRepository:
             **_LOST_NODE_UNCHECKED))
 
     def fail_suspect_check(self, instance: Instance, result: dict[str, Any], findings: dict[str, Any],
-                           reason: str, origin: str, also: Sequence[Update] = ()) -> bool:
+                           reason: str, origin: str, cordon: dict[str, Any] | None,
+                           also: Sequence[Update] = ()) -> bool:
         """A check no repair preceded (``domain.validation.SUSPECT_CHECKS``: a lost node's, an
         operator's return) found a fault: no failed repair (none was made) and no node decision.
         It stays SUSPECT for a person, now for its check's evidence (``last_validation``,
-        ``last_verdict``; ``origin`` says which check failed), the check closed; with ``also``
-        (its e-mail, owed). On the claim as read."""
+        ``last_verdict``; ``origin`` says which check failed), the check closed, known bad: its
+        cordon ``cordon`` (``domain.cordon.failed_check_cordon``; None: the one it has stays)
+        with its worklist member; with ``also`` (its e-mail, owed). On the claim as read."""
         condition, values, names = CLAIM.serving(instance)
         update = self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.SUSPECT],
@@ -116,17 +120,19 @@ class ValidationRepository:
                         "suspect_origin": origin},
             remove_fields=[VALIDATION], clear_deadline=True, extra_condition=condition, extra_values=values,
             extra_names=names)
-        return self.db.transact([update, *also])
+        return self.db.transact([*self._under(update, cordon), *also])
 
     # ------------------------------------------------- an operator's return
     def open_operator_check(self, instance: Instance, validation: dict[str, Any], now: float, *,
-                            origin: str, history: dict[str, Any]) -> bool:
+                            origin: str, history: dict[str, Any], cordon: dict[str, Any] | None) -> bool:
         """An operator returns a SUSPECT (any origin) or QUARANTINED node (``gpu-recovery-admin
         return-node``): the stack's own check (``validation``, ``Repair.OPERATOR``) on the node,
-        which is SUSPECT (``origin``) while it runs, due at once (the sweep starts it). One
-        conditional write on the state as read and ``_RETURNABLE``; a QUARANTINED node leaves
-        its quarantine (the operator sets it ACTIVE in ECS after this write); ``history``: its
-        line in the node's history."""
+        which is SUSPECT (``origin``) while it runs, due at once (the sweep starts it), under
+        ``cordon`` (``domain.cordon.check_cordon``; None: the one it has stays) with its worklist
+        member. One conditional write on the state as read and ``_RETURNABLE`` (with the
+        worklist's unconditional ADD: one transaction); a QUARANTINED node leaves its quarantine
+        (the operator sets it ACTIVE in ECS after this write); ``history``: its line in the
+        node's history."""
         if instance.state not in RETURNABLE_STATES:
             return False
         fields: dict[str, Any] = {VALIDATION: validation, "suspect_origin": origin, ACTIVATION_PENDING: True}
@@ -134,9 +140,9 @@ class ValidationRepository:
         if instance.state is InstanceState.QUARANTINED:
             fields.update(suspect_since=now, suspect_reason=str(history.get("reason") or "")[:500])
             remove = list(_QUARANTINE_FIELDS)
-        return self.db.apply(self._returned(self.instances.instance_update(
+        return self.db.transact(self._under(self._returned(self.instances.instance_update(
             instance.container_inst_id, from_states=[instance.state], to=InstanceState.SUSPECT,
-            set_fields=fields, remove_fields=remove, deadline_at=now, **_RETURNABLE), history))
+            set_fields=fields, remove_fields=remove, deadline_at=now, **_RETURNABLE), history), cordon))
 
     def return_without_check(self, instance: Instance, now: float, history: dict[str, Any]) -> bool:
         """The operator vouches for the node (``return-node --without-check``): SUSPECT or
@@ -169,6 +175,16 @@ class ValidationRepository:
     @staticmethod
     def _returned(update: Update, history: dict[str, Any]) -> Update:
         return replace(update, history_entry=history)
+
+    def _under(self, update: Update, cordon: dict[str, Any] | None) -> list[Update]:
+        """``update`` that also sets the node's ``cordon`` (None: nothing about it), its version
+        the cordon's time, with the attribute worklist's member of that intent (the sweep syncs
+        it if the caller's sync does not)."""
+        if cordon is None:
+            return [update]
+        version = float(cordon["at"])
+        update.set_fields = {**(update.set_fields or {}), **self.cordons.cordon_fields(cordon, version)}
+        return [update, self.cordons.sync_update(update.key[INSTANCE_PK], version)]
 
     def validation_condition(self, instance: Instance) -> tuple[str, dict[str, Any], dict[str, str]]:
         """The condition a failed validation's node decision is written on: this validation,
@@ -226,15 +242,23 @@ class ValidationRepository:
             extra_names={"#w": "replacement_watch", "#si": "since"})
 
     def stall_validation(self, instance: Instance, now: float, until: float,
-                         also: list[Update] | tuple[Update, ...] = ()) -> bool:
+                         also: list[Update] | tuple[Update, ...] = (), *, uncordon: bool = False) -> bool:
         """A validation that could not run (never placed, or every attempt ended without a
         verdict): no failed repair. The node stays validating (out of service as it was), its
         attempts start again until ``until``; ``stalled_at`` (set once) says an operator was
-        told (``also``: that e-mail, owed in the same write)."""
+        told (``also``: that e-mail, owed in the same write). ``uncordon``: its ``validating``
+        cordon goes (only while it is that one), with the worklist member of its removal."""
         condition, values, names = CLAIM.held(instance)
         fields: dict[str, Any] = {f"{VALIDATION}.attempts": 0, f"{VALIDATION}.until": until}
+        remove = list(CLAIM.paths)
+        sync: list[Update] = []
         if not instance.validation.get("stalled_at"):
             fields[f"{VALIDATION}.stalled_at"] = now
+        if uncordon:
+            more, gone, member = self.cordons.uncordon_updates(instance.container_inst_id, now)
+            fields, remove, sync = {**fields, **more}, [*remove, *gone], [member]
+            condition = f"({condition}) AND #c.#cvd = :cvd"
+            values, names = {**values, ":cvd": True}, {**names, "#c": "cordon", "#cvd": "validating"}
         update = self.node_tasks.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
-                                              remove_fields=list(CLAIM.paths), deadline_at=now + 60)
-        return self.db.transact([update, *also]) if also else self.db.apply(update)
+                                              remove_fields=remove, deadline_at=now + 60)
+        return self.db.transact([update, *sync, *also])
