@@ -69,7 +69,6 @@ from typing import Any
 from gpu_recovery import constants as C
 from local_mode.harness import loopback_without_proxy, reset_handler_caches, silence_handler_logs
 
-JOB_ITEM = C.JOB_ITEM_SUFFIX
 HANG_SECONDS = 600
 MAX_SIMULATED_SECONDS = 4 * 60 * 60
 TERMINAL_STATES = ("COMPLETE", "FAILED", "CANCELED", "USER_STOPPED")

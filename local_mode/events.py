@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -150,83 +150,57 @@ def _container(c: Mapping[str, Any], task_stopped: bool) -> dict[str, Any]:
     return out
 
 
+def _documented(item: Mapping[str, Any], keys: Iterable[str], time_keys: Collection[str]) -> dict[str, Any]:
+    """The documented keys ``item`` has a value for, in the documented order, times as ISO."""
+    return {key: iso(item[key]) if key in time_keys else item[key]
+            for key in keys if item.get(key) is not None}
+
+
 def task_detail(task: Mapping[str, Any]) -> dict[str, Any]:
     """A documented task detail from a DescribeTasks-shaped mapping (tags dropped)."""
     stopped = task.get("lastStatus") == "STOPPED"
-    detail: dict[str, Any] = {}
-    for key in TASK_DETAIL_KEYS:
-        if key not in task or task[key] is None:
-            continue
-        value = task[key]
-        if key in TASK_TIME_KEYS:
-            value = iso(value)
-        elif key == "containers":
-            value = [_container(c, stopped) for c in value]
-        detail[key] = value
+    detail = _documented(task, TASK_DETAIL_KEYS, TASK_TIME_KEYS)
+    if "containers" in detail:
+        detail["containers"] = [_container(c, stopped) for c in detail["containers"]]
     detail.setdefault("attachments", [])
     detail.setdefault("overrides", {"containerOverrides": []})
     detail.setdefault("launchType", "EC2")
     return detail
 
 
-def task_state_change(
-    task: Mapping[str, Any],
-    *,
-    time: float | datetime | str | None = None,
-    account: str = ACCOUNT_ID,
-    region: str = REGION,
-    event_id: str | None = None,
-) -> dict[str, Any]:
+def task_state_change(task: Mapping[str, Any], *, time: float | datetime | str | None = None,
+                      account: str = ACCOUNT_ID, region: str = REGION,
+                      event_id: str | None = None) -> dict[str, Any]:
     """An "ECS Task State Change" event for ``task`` (camelCase ECS Task fields).
 
     ``time`` defaults to the task's ``updatedAt``.
     """
-    detail = task_detail(task)
-    return envelope(
-        TASK_DETAIL_TYPE,
-        "aws.ecs",
-        detail,
-        [detail["taskArn"]],
-        time=time if time is not None else task.get("updatedAt"),
-        account=account,
-        region=region,
-        event_id=event_id,
-    )
+    return _ecs_state_change(TASK_DETAIL_TYPE, task_detail(task), "taskArn", task,
+                             time, account, region, event_id)
 
 
 def container_instance_detail(ci: Mapping[str, Any]) -> dict[str, Any]:
-    detail: dict[str, Any] = {}
-    for key in CONTAINER_INSTANCE_DETAIL_KEYS:
-        if key not in ci or ci[key] is None:
-            continue
-        value = ci[key]
-        if key in ("registeredAt", "updatedAt"):
-            value = iso(value)
-        detail[key] = value
+    detail = _documented(ci, CONTAINER_INSTANCE_DETAIL_KEYS, ("registeredAt", "updatedAt"))
     detail.setdefault("accountType", "ec2_instance")
     return detail
 
 
-def container_instance_state_change(
-    ci: Mapping[str, Any],
-    *,
-    time: float | datetime | str | None = None,
-    account: str = ACCOUNT_ID,
-    region: str = REGION,
-    event_id: str | None = None,
-) -> dict[str, Any]:
+def container_instance_state_change(ci: Mapping[str, Any], *, time: float | datetime | str | None = None,
+                                    account: str = ACCOUNT_ID, region: str = REGION,
+                                    event_id: str | None = None) -> dict[str, Any]:
     """An "ECS Container Instance State Change" event for ``ci`` (ContainerInstance)."""
-    detail = container_instance_detail(ci)
-    return envelope(
-        CONTAINER_INSTANCE_DETAIL_TYPE,
-        "aws.ecs",
-        detail,
-        [detail["containerInstanceArn"]],
-        time=time if time is not None else ci.get("updatedAt"),
-        account=account,
-        region=region,
-        event_id=event_id,
-    )
+    return _ecs_state_change(CONTAINER_INSTANCE_DETAIL_TYPE, container_instance_detail(ci),
+                             "containerInstanceArn", ci, time, account, region, event_id)
+
+
+def _ecs_state_change(detail_type: str, detail: dict[str, Any], arn_key: str, item: Mapping[str, Any],
+                      time: float | datetime | str | None, account: str, region: str,
+                      event_id: str | None) -> dict[str, Any]:
+    """The event of an ECS state change: its resource is the detail's ARN, its time (unless
+    given) the item's ``updatedAt``."""
+    return envelope(detail_type, "aws.ecs", detail, [detail[arn_key]],
+                    time=time if time is not None else item.get("updatedAt"),
+                    account=account, region=region, event_id=event_id)
 
 
 def gpu_resource(gpu_ids: list[str]) -> dict[str, Any]:

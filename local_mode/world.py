@@ -131,6 +131,14 @@ class World:
         return sorted(t.node for t in self.ecs.running_tasks()
                       if not t.health_check and t.tags.get(C.TAG_JOB_ID) == job_id)
 
+    def queue_cluster(self, nodes: Iterable[str]) -> str:
+        """The queue scheduler on its minute schedule over ``nodes`` (8 GPUs each): the training
+        task definition ("train", 8 GPUs) the jobs run."""
+        self.schedule_queue_scheduler(60)
+        for node in nodes:
+            self.ecs.add_node(node, gpus=8)
+        return self.ecs.register_training_task_definition("train", gpus=8)
+
     def submit_queue_job(self, spec: Mapping[str, Any], user: str) -> str:
         """``spec`` submitted to the job queue by IAM user ``user`` (the jobs API's service, no
         scheduler trigger: the scheduled tick admits it); its job id."""

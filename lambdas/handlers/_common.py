@@ -6,7 +6,7 @@ request_id=None)``, the body (parse the event with its model, drop a malformed o
 service, log the outcome; an SQS handler answers with its partial batch response), and
 ``lambda_handler``, the Lambda entry point (Powertools' logger, tracer and metrics around
 ``handle``, the service from ``gpu_recovery.runtime``, the time left and request id from
-Lambda's context). The simulators call ``handle`` with a service of their own (one per
+Lambda's context: ``entry_point``). The simulators call ``handle`` with a service of their own (one per
 simulated container), the simulated time left and the invocation's request id: one body
 for both.
 """
@@ -20,6 +20,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.parser import parse
 from pydantic import BaseModel, ValidationError
 
+from gpu_recovery import runtime
 from gpu_recovery.constants import METRICS_NAMESPACE
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -73,3 +74,21 @@ class Handle(Protocol):
 
     def __call__(self, event: dict[str, Any], service: Any, *,
                  time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]: ...
+
+
+def entry_point(logger: Logger, tracer: Tracer, metrics: Metrics, body: Callable[[], Handle],
+                service: Callable[[runtime.PowertoolsMetrics], Any], *,
+                correlation_id_path: str | None = "id") -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """A handler module's ``lambda_handler``: ``body()`` (its ``handle``) run with the service
+    ``service`` builds over the invocation's metrics, the context's time left and request id,
+    inside Powertools' logger, tracer and metrics. Both are looked up at each invocation (tests
+    swap a module's ``handle`` and ``gpu_recovery.runtime``'s factories)."""
+
+    @logger.inject_lambda_context(correlation_id_path=correlation_id_path)
+    @tracer.capture_lambda_handler
+    @metrics.log_metrics
+    def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return body()(event, service(runtime.PowertoolsMetrics(metrics)),
+                      time_left=remaining_time(context), request_id=request_id_of(context))
+
+    return lambda_handler

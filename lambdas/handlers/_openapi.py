@@ -56,12 +56,12 @@ def document_json(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
-def print_document(module: str, committed_as: str, document: Callable[[], str],
+def print_document(module: str, committed_as: str, document: Callable[[], dict[str, Any]],
                    argv: list[str] | None = None) -> int:
     """``python -m handlers.<module> --openapi`` prints the document (exit 0), else usage (2)."""
     args = sys.argv[1:] if argv is None else argv
     if args != ["--openapi"]:
         print(f"usage: python -m handlers.{module} --openapi > {committed_as}", file=sys.stderr)
         return 2
-    sys.stdout.write(document())
+    sys.stdout.write(document_json(document()))
     return 0

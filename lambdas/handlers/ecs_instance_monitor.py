@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from gpu_recovery import runtime
 from gpu_recovery.domain.aws_notices import EC2_SOURCE, HEALTH_SOURCE
 from gpu_recovery.events.ecs import EcsContainerInstanceStateChangeEvent
 from gpu_recovery.recovery import RecoveryService
-from handlers._common import TimeLeft, dropped, parse_or_drop, powertools
+from handlers._common import TimeLeft, dropped, entry_point, parse_or_drop, powertools
 
 logger, tracer, metrics = powertools("ecs-instance-monitor")
 AWS_NOTICE_SOURCES = (EC2_SOURCE, HEALTH_SOURCE)
@@ -33,8 +31,5 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     return outcome
 
 
-@logger.inject_lambda_context(correlation_id_path="id")
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)))
+lambda_handler = entry_point(logger, tracer, metrics, lambda: handle,
+                             lambda port: runtime.recovery_service(port))

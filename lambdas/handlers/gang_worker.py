@@ -15,11 +15,10 @@ from typing import Any
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
-from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpu_recovery import runtime
 from gpu_recovery.recovery import RecoveryService
-from handlers._common import TimeLeft, powertools, remaining_time
+from handlers._common import TimeLeft, entry_point, powertools
 
 logger, tracer, metrics = powertools("gang-worker")
 
@@ -60,9 +59,6 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     return response
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)),
-                  time_left=remaining_time(context))
+lambda_handler = entry_point(logger, tracer, metrics, lambda: handle,
+                             lambda port: runtime.recovery_service(port),
+                             correlation_id_path=None)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from gpu_recovery import runtime
 from gpu_recovery.heartbeat.service import HeartbeatService
-from handlers._common import TimeLeft, powertools
+from handlers._common import TimeLeft, entry_point, powertools
 
 logger, tracer, metrics = powertools("heartbeat-sweep")
 
@@ -22,8 +20,5 @@ def handle(event: dict[str, Any], service: HeartbeatService, *,
     return outcome
 
 
-@logger.inject_lambda_context(correlation_id_path="id")
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.heartbeat_service(runtime.PowertoolsMetrics(metrics)))
+lambda_handler = entry_point(logger, tracer, metrics, lambda: handle,
+                             lambda port: runtime.heartbeat_service(port))

@@ -44,7 +44,6 @@ from handlers._http import BodyError, guarded_body
 from handlers._openapi import (
     as_answered,
     authorization_header_scheme,
-    document_json,
     error_doc,
     print_document,
 )
@@ -274,12 +273,8 @@ def openapi_document() -> dict[str, Any]:
     return as_answered(app.get_openapi_json_schema(**OPENAPI_INFO))
 
 
-def openapi_json() -> str:
-    return document_json(openapi_document())
-
-
 def main(argv: list[str] | None = None) -> int:
-    return print_document("job_control_api", "docs/control-api.openapi.json", openapi_json, argv)
+    return print_document("job_control_api", "docs/control-api.openapi.json", openapi_document, argv)
 
 
 if __name__ == "__main__":

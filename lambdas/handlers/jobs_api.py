@@ -442,7 +442,7 @@ def swagger() -> Response[str]:
     """Swagger UI of the committed OpenAPI document (``?format=json``: the document)."""
     from aws_lambda_powertools.event_handler.openapi.swagger_ui import generate_swagger_html
 
-    spec = openapi_json().replace("</", "<\\/")
+    spec = document_json(openapi_document()).replace("</", "<\\/")
     if (app.current_event.query_string_parameters or {}).get("format") == "json":
         return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=spec)
     ui = FilePath(generate_swagger_html.__code__.co_filename).parent
@@ -502,12 +502,8 @@ def openapi_document() -> dict[str, Any]:
     return as_answered(app.get_openapi_json_schema(**OPENAPI_INFO), **{"413": too_large})
 
 
-def openapi_json() -> str:
-    return document_json(openapi_document())
-
-
 def main(argv: list[str] | None = None) -> int:
-    return print_document("jobs_api", "docs/openapi.json", openapi_json, argv)
+    return print_document("jobs_api", "docs/openapi.json", openapi_document, argv)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from gpu_recovery.heartbeat.service import HeartbeatService
 from gpu_recovery.heartbeat.tokens import NODE_ID_RE
 from handlers._common import powertools
 from handlers._http import BodyError, body_text, parse_json
-from handlers._openapi import document_json, print_document
+from handlers._openapi import print_document
 
 logger, tracer, metrics = powertools("node-api")
 app = APIGatewayRestResolver()
@@ -405,12 +405,8 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
-def openapi_json() -> str:
-    return document_json(openapi_document())
-
-
 def main(argv: list[str] | None = None) -> int:
-    return print_document("node_api", "docs/node-api.openapi.json", openapi_json, argv)
+    return print_document("node_api", "docs/node-api.openapi.json", openapi_document, argv)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from gpu_recovery import runtime
 from gpu_recovery.recovery import RecoveryService
-from handlers._common import TimeLeft, powertools, remaining_time
+from handlers._common import TimeLeft, entry_point, powertools
 
 logger, tracer, metrics = powertools("recovery-sweep")
 
@@ -23,9 +21,5 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     return outcome
 
 
-@logger.inject_lambda_context(correlation_id_path="id")
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)),
-                  time_left=remaining_time(context))
+lambda_handler = entry_point(logger, tracer, metrics, lambda: handle,
+                             lambda port: runtime.recovery_service(port))

@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
 from gpu_recovery import runtime
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery import RecoveryService
-from handlers._common import TimeLeft, powertools
+from handlers._common import TimeLeft, entry_point, powertools
 
 logger, tracer, metrics = powertools("tag-lookup-worker")
 
@@ -60,8 +59,6 @@ def handle(event: dict[str, Any], service: RecoveryService, *,
     return {"batchItemFailures": failures}
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return handle(event, runtime.recovery_service(runtime.PowertoolsMetrics(metrics)))
+lambda_handler = entry_point(logger, tracer, metrics, lambda: handle,
+                             lambda port: runtime.recovery_service(port),
+                             correlation_id_path=None)

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery.constants import JobState
 
 from ..sim import aws_notices as notices
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow, unfinished
 from .time_sharing import Rank0ControlPoller
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
@@ -72,11 +71,9 @@ class RunResult(CampaignResult):
 
 
 def expectations(result: RunResult) -> list[str]:
-    problems = []
     job = result.job
     job_id = str(job.get("job_id"))
-    if job.get("job_state") != JobState.COMPLETE.value:
-        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    problems = unfinished(job)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append("the move spent a recovery (it must not: the job never crashed)")
     unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
@@ -147,10 +144,7 @@ class AwsNotice(Scenario[RunResult]):
 
     def set_up(self, world: World) -> list[str]:
         sim = world.ecs
-        world.schedule_queue_scheduler(60)
-        for node in NODES:
-            sim.add_node(node, gpus=8)
-        task_definition = sim.register_training_task_definition("train", gpus=8)
+        task_definition = world.queue_cluster(NODES)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)
         if self.flow in TAGGED_FLOWS:  # Bob's own scheduler starts it: tagged, relocatable
             self.job_id = "bob-train"

@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery.constants import JobState
 
 from ..preflight_programs import PreflightPrograms
 from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
 # The job's training once its preflight let it run: with the settling after the flow, longer
@@ -72,10 +71,8 @@ class RunResult(CampaignResult):
 
 
 def expectations(result: RunResult) -> list[str]:
-    problems = []
     job = result.job
-    if job.get("job_state") != JobState.COMPLETE.value:
-        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    problems = unfinished(job)
     last = int(job.get("attempt") or 0)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append(f"job spent {job.get('recoveries_used')} recoveries, {job.get('app_restarts_used')} "
@@ -131,10 +128,7 @@ class PinnedLink(Scenario[RunResult]):
 
     def set_up(self, world: World) -> list[str]:
         sim = world.ecs
-        world.schedule_queue_scheduler(60)
-        for node in NODES:
-            sim.add_node(node, gpus=8)
-        td = sim.register_training_task_definition("train", gpus=8)
+        td = world.queue_cluster(NODES)
         self.job_id = world.submit_queue_job({
             "name": "pinned-link", "task_definition": td, "nnodes": 2, "gpus_per_node": 8,
             "preflight": "always", "overrides": {"command": WRAPPER}}, "alice")

@@ -38,7 +38,7 @@ from ..preflight_programs import PreflightPrograms
 from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
 
 FLOWS = ("preflight_forged_baseline", "preflight_forged_loopback", "preflight_broken_image")
 RUN_SECONDS = 4 * MIN
@@ -99,9 +99,7 @@ def expectations(result: EvidenceResult) -> list[str]:
 
 def _complete(result: EvidenceResult, name: str) -> list[str]:
     job = result.jobs.get(name) or {}
-    problems = []
-    if job.get("job_state") != JobState.COMPLETE.value:
-        problems.append(f"{name} {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    problems = unfinished(job, name)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append(f"{name} spent {job.get('recoveries_used')} recoveries, "
                         f"{job.get('app_restarts_used')} "
@@ -203,14 +201,11 @@ class TenantPreflight(Scenario[EvidenceResult]):
     def set_up(self, world: World) -> list[str]:
         sim = world.ecs
         self.world = world
-        world.schedule_queue_scheduler(60)
         # The forged baseline's two jobs share two nodes: the honest one runs once the forger's
         # preflight taught (or not) the baseline.
         count = {"preflight_broken_image": 10, "preflight_forged_baseline": 2}.get(self.flow, 4)
         self.nodes = [f"node-{chr(ord('a') + i)}" for i in range(count)]
-        for node in self.nodes:
-            sim.add_node(node, gpus=8)
-        td = sim.register_training_task_definition("train", gpus=8)
+        td = world.queue_cluster(self.nodes)
         if self.flow == "preflight_forged_baseline":
             self._submit(world, "forger", td, 2, "always", "mallory")
             self._submit(world, "honest", td, 2, "always", "alice")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from gpu_recovery import constants as C
+from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import Job
 from gpu_recovery.repository import Repository
 
@@ -245,6 +246,13 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             "broken": [f"{c.service}.{c.operation} {mode} at {c.site}" for c, mode in calls.broken],
         }
         return scenario.result(world, common)
+
+
+def unfinished(job: Mapping[str, Any], label: str = "job") -> list[str]:
+    """The problem of a job item that did not COMPLETE: its state and last error."""
+    if job.get("job_state") == JobState.COMPLETE.value:
+        return []
+    return [f"{label} {job.get('job_state')}: {str(job.get('last_error'))[:200]}"]
 
 
 def stuck_items(world: World, repo: Repository) -> list[str]:

@@ -26,14 +26,13 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
-from gpu_recovery.constants import JobState
 from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.time_sharing import QuotaRepository
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow, unfinished
 
 NODES = ("node-a", "node-b")
 POLL_SECONDS = 10
@@ -61,8 +60,7 @@ def expectations(result: RunResult) -> list[str]:
     problems = []
     low, high = result.jobs.get("low", {}), result.jobs.get("high", {})
     for name, job in (("low", low), ("high", high)):
-        if job.get("job_state") != JobState.COMPLETE.value:
-            problems.append(f"{name} job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+        problems += unfinished(job, f"{name} job")
         if int(job.get("recoveries_used") or 0):
             problems.append(f"{name} job spent {job.get('recoveries_used')} recoveries")
     if int(low.get("suspend_count") or 0) != 1 or int(low.get("resume_count") or 0) != 1:

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_recovery import constants as C
-from gpu_recovery.constants import JobState
 
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
 from .time_sharing import Rank0ControlPoller
 
 NODES = ("node-a", "node-b", "node-c")
@@ -52,10 +51,8 @@ class RunResult(CampaignResult):
 
 
 def expectations(result: RunResult) -> list[str]:
-    problems = []
     job = result.job
-    if job.get("job_state") != JobState.COMPLETE.value:
-        problems.append(f"job {job.get('job_state')}: {str(job.get('last_error'))[:200]}")
+    problems = unfinished(job)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append("the move spent a recovery (it must not: the job never crashed)")
     if int(job.get("suspend_count") or 0) != 1 or int(job.get("resume_count") or 0) != 1:
@@ -104,10 +101,7 @@ class DriverWarning(Scenario[RunResult]):
 
     def set_up(self, world: World) -> list[str]:
         sim = world.ecs
-        world.schedule_queue_scheduler(60)
-        for node in NODES:
-            sim.add_node(node, gpus=8)
-        task_definition = sim.register_training_task_definition("train", gpus=8)
+        task_definition = world.queue_cluster(NODES)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
         self.job_id = world.submit_queue_job({
             "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},

@@ -292,7 +292,6 @@ class EventBus:
         self.deliveries: list[Delivery] = []
         self.dead_letters: list[DeadLetter] = []
         self.events: list[dict[str, Any]] = []  # every event put, in order (keep_events)
-        self.events_put = 0
         self._retries: list[_Retry] = []
         self._retry_seq = 0
         self.queues: dict[str, InProcessEventSource] = {}
@@ -375,7 +374,6 @@ class EventBus:
         """Deliver ``event`` to every matching rule's target, ``copies`` times; the in-process
         deliveries (none on the engine, where each copy is only scheduled)."""
         with self._lock:
-            self.events_put += 1
             if self.keep_events:
                 self.events.append(event)
         out: list[Delivery] = []
@@ -493,7 +491,6 @@ class EventBus:
                 sched.next_due += sched.every_seconds
             event = ev.scheduled_event(sched.arn, time=fire_at)
             with self._lock:
-                self.events_put += 1
                 if self.keep_events:
                     self.events.append(event)
             out.append(self._invoke(sched.name, sched.target, sched.target_name, event, False, rule=sched))

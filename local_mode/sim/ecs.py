@@ -54,6 +54,7 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -67,6 +68,7 @@ from .bus import EventBus
 from .ecs_faults import GpuFaults
 from .ecs_model import (
     MISSING,
+    Node,
     Placement,
     Task,
     list_tasks_refusal,
@@ -435,15 +437,26 @@ class SimulatedEcs(GpuFaults):
             if task.stop_code:
                 resp["stopCode"] = task.stop_code
 
-    def _after_describe_cis(
-        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
-    ) -> None:
+    def _answered_nodes(self, status: int, parsed: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Node]]:
+        """A successful answer's container instances that are simulated nodes, with their node."""
         if status >= 300:
             return
         for ci in parsed.get("containerInstances") or []:
             node = self._node_or_none(ci.get("containerInstanceArn", ""))
-            if node is None:
-                continue
+            if node is not None:
+                yield ci, node
+
+    def _reboot_instances(self, params: dict[str, Any], why: str) -> None:
+        """Reboot the simulated nodes among the request's ``InstanceIds``."""
+        for iid in params.get("InstanceIds") or []:
+            node = self._node_or_none(iid)
+            if node is not None:
+                self._reboot(node, why)
+
+    def _after_describe_cis(
+        self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
+    ) -> None:
+        for ci, node in self._answered_nodes(status, parsed):
             with self._lock:
                 ci["agentConnected"] = node.agent_connected
                 ci["ec2InstanceId"] = node.instance_id
@@ -465,12 +478,7 @@ class SimulatedEcs(GpuFaults):
     def _after_update_ci_state(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
     ) -> None:
-        if status >= 300:
-            return
-        for ci in parsed.get("containerInstances") or []:
-            node = self._node_or_none(ci.get("containerInstanceArn", ""))
-            if node is None:
-                continue
+        for ci, node in self._answered_nodes(status, parsed):
             if ci.get("status") == "DRAINING" and node.status != "DRAINING":
                 self.repairs.record(node, "quarantine", "UpdateContainerInstancesState DRAINING")
             node.status = str(ci.get("status") or node.status)  # moto's record answers the API
@@ -480,12 +488,8 @@ class SimulatedEcs(GpuFaults):
     def _after_reboot_instances(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
     ) -> None:
-        if status >= 300:
-            return
-        for iid in params.get("InstanceIds") or []:
-            node = self._node_or_none(iid)
-            if node is not None:
-                self._reboot(node, "EC2 RebootInstances")
+        if status < 300:
+            self._reboot_instances(params, "EC2 RebootInstances")
 
     def _after_send_command(
         self, params: dict[str, Any], status: int, parsed: dict[str, Any], context: dict[str, Any]
@@ -499,10 +503,7 @@ class SimulatedEcs(GpuFaults):
                 return
         elif document != (os.environ.get(C.ENV_REBOOT_DOCUMENT) or C.DEFAULT_REBOOT_DOCUMENT_NAME):
             return  # the stack's reboot-only document: every send is a reboot
-        for iid in params.get("InstanceIds") or []:
-            node = self._node_or_none(iid)
-            if node is not None:
-                self._reboot(node, f"SSM {document}")
+        self._reboot_instances(params, f"SSM {document}")
 
     # ================================================================ Auto Scaling
     def put_in_auto_scaling_group(self, nodes: list[str], group: str = "gpu-nodes") -> str:

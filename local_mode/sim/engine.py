@@ -124,7 +124,6 @@ class Simulation:
         self._actions = TimedActions(self.clock)
         self.current: Process | None = None
         self._live: set[Process] = set()
-        self.actions_run = 0
         self._ids = itertools.count(1)
         self._closing = False
 
@@ -213,7 +212,6 @@ class Simulation:
             return False
         when, action = self._actions.pop()
         self.now = when
-        self.actions_run += 1
         action()
         return True
 

@@ -42,10 +42,6 @@ class LogPaging:
     visible_after: float = 2.0
 
 
-#: moto's own answer: the whole stream at once, every line readable at once
-WHOLE_STREAM = LogPaging(page_events=MAX_PAGE_EVENTS, empty_every=0, visible_after=0.0)
-
-
 class InvalidLogToken(ValueError):
     """A ``nextToken`` the service cannot use (InvalidParameterException)."""
 

@@ -33,8 +33,6 @@ def test_the_window_slides() -> None:
 
 
 def test_the_placement_constraint_users_add() -> None:
-    assert cordon.PLACEMENT_CONSTRAINT == {"type": "memberOf",
-                                           "expression": "attribute:gpu-recovery.cordoned !exists"}
     assert cordon.parse_sync_entry(cordon.sync_entry("node-1#x", 12.5)) == ("node-1#x", 12.5)
     assert cordon.parse_sync_entry("garbage") is None
     with pytest.raises(ValueError):

@@ -120,7 +120,7 @@ def test_a_reset_plan_stops_the_ranks_resets_and_asks_the_breaker() -> None:
     plan = plan_remediation(checked(verdict("reset", gpu(remap_pending=True))), WITH_RESET, now=T + 150,
                             job_budgets=JobBudgets())
     assert plan.execute == (Effect.STOP_TASKS, Effect.RESET_GPU)
-    assert plan.needs_breaker and plan.job_may_restart
+    assert plan.needs_breaker and plan.budget is not None and plan.budget.restart
     assert plan.budget is not None and plan.budget.charged is Budget.INFRASTRUCTURE
     assert plan.node_record is not None and plan.node_record.action is Action.RESET_GPU
     assert plan.node_record.executed

@@ -13,8 +13,7 @@ def _node(node_id: str, free: int = 8, total: int = 8) -> SpareNode:
 
 
 def test_the_one_constraint_is_documented_with_its_attribute() -> None:
-    assert placement.PLACEMENT_CONSTRAINT == {"type": "memberOf",
-                                              "expression": "attribute:gpu-recovery.unavailable !exists"}
+    assert placement.PLACEMENT_EXPRESSION == "attribute:gpu-recovery.unavailable !exists"
     assert placement.DEPRECATED_CORDON_ATTRIBUTE == "gpu-recovery.cordoned"
 
 

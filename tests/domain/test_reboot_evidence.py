@@ -27,7 +27,7 @@ def event(connected: bool, at: float, version: int = 0, status: str = "ACTIVE",
 
 
 def back(inst: Instance, ev: AgentEvent, now: float = NOW) -> bool:
-    return evidence.instance_is_back(inst, ev, now)
+    return evidence.judge_return(inst, ev, now).back
 
 
 def test_active_event_before_the_disconnect_is_not_back() -> None:

@@ -24,7 +24,7 @@ def test_fast_path_xid_79_reboots_without_the_diag() -> None:
     plan = plan_remediation(xid_fault(79), POLICY, now=T, job_budgets=JobBudgets())
     assert plan.action is Action.REBOOT and plan.decision.skip_health_check
     assert plan.execute == (Effect.STOP_TASKS, Effect.REBOOT) and Effect.HEALTH_CHECK not in plan.execute
-    assert plan.needs_breaker and plan.job_may_restart
+    assert plan.needs_breaker and plan.budget is not None and plan.budget.restart
     assert plan.budget is not None and plan.budget.charged is Budget.INFRASTRUCTURE
     assert plan.node_record is not None and plan.node_record.executed and plan.node_record.charged_job
 
@@ -33,7 +33,7 @@ def test_suspect_exit_runs_the_diag_and_leaves_the_budget_for_later() -> None:
     evidence = Evidence(node_id="ci-1", fault_at=T, trigger=Trigger.TASK_EXIT, job_id="j", exit_code=1)
     plan = plan_remediation(evidence, POLICY, now=T, job_budgets=JobBudgets())
     assert plan.action is Action.HEALTH_CHECK and plan.execute == (Effect.STOP_TASKS, Effect.HEALTH_CHECK)
-    assert plan.budget is None and plan.job_may_restart is None and plan.node_record is None
+    assert plan.budget is None and plan.node_record is None
     assert not plan.needs_breaker
 
 
@@ -109,14 +109,14 @@ def test_persistence_mode_diag_failure_is_an_operator_action_without_reboot() ->
 def test_node_is_rebooted_even_when_the_job_has_no_recovery_left() -> None:
     plan = plan_remediation(xid_fault(79), POLICY, now=T, job_budgets=JobBudgets(max_infra_recoveries=0))
     assert Effect.REBOOT in plan.execute
-    assert plan.job_may_restart is False and plan.budget is not None
+    assert plan.budget is not None and plan.budget.restart is False
     assert "no infrastructure budget left" in plan.budget.reason
 
 
 def test_application_error_without_budget_does_not_restart() -> None:
     plan = plan_remediation(xid_fault(13), POLICY, now=T, job_budgets=JobBudgets())
     assert plan.action is Action.APPLICATION_ERROR
-    assert plan.execute == (Effect.STOP_TASKS,) and plan.job_may_restart is False
+    assert plan.execute == (Effect.STOP_TASKS,) and plan.budget is not None and plan.budget.restart is False
     allowed = plan_remediation(xid_fault(13), POLICY, now=T, job_budgets=JobBudgets(max_app_restarts=1))
     assert allowed.execute == (Effect.STOP_TASKS, Effect.RESTART_JOB)
     assert allowed.to_dict()["budget"]["charged"] == "application"

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from handlers import jobs_api
+from handlers._openapi import document_json
 from tests.jobs_api.api_harness import Api, FakeContext, api_event
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
@@ -15,7 +16,7 @@ def test_committed_openapi_matches_the_resolver() -> None:
     """Given docs/openapi.json
     When the resolver generates its OpenAPI document
     Then both are identical (regenerate: python -m handlers.jobs_api --openapi > docs/openapi.json)."""
-    assert OPENAPI.read_text() == jobs_api.openapi_json(), (
+    assert OPENAPI.read_text() == document_json(jobs_api.openapi_document()), (
         "docs/openapi.json drifted: run `PYTHONPATH=lambdas python -m handlers.jobs_api --openapi "
         "> docs/openapi.json`"
     )
@@ -25,7 +26,7 @@ def test_openapi_documents_every_route() -> None:
     """Given the generated document
     When its paths are read
     Then every route and its JobSpec body are there."""
-    document = json.loads(jobs_api.openapi_json())
+    document = json.loads(document_json(jobs_api.openapi_document()))
     paths = document["paths"]
     assert set(paths) >= {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
                           "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/logs"}
@@ -39,7 +40,7 @@ def test_cli_prints_the_document(capsys) -> None:
     When run with --openapi
     Then it prints the document; without it, usage and exit code 2."""
     assert jobs_api.main(["--openapi"]) == 0
-    assert capsys.readouterr().out == jobs_api.openapi_json()
+    assert capsys.readouterr().out == document_json(jobs_api.openapi_document())
     assert jobs_api.main([]) == 2
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain import goodput
+from tests.fixtures.history import state_changes
 
 EXPECTED_SUMMARY = {
     # 3 recovery jobs + 5 queue jobs
@@ -52,7 +52,7 @@ def demo() -> tuple[dict[str, int], dict[str, Any]]:
 
 
 def _changes(job: dict[str, Any]) -> list[Any]:
-    return goodput.state_changes(job.get("history", []))
+    return state_changes(job.get("history", []))
 
 
 def _states(job: dict[str, Any]) -> list[str]:

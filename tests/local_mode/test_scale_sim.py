@@ -15,7 +15,6 @@ from botocore.exceptions import ClientError
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.queue import Redeliveries
-from gpu_recovery.domain import goodput
 from local_mode.scale_recovery import launch_tagged_job
 from local_mode.sim.aws_calls import Account, ClientFailure
 from local_mode.sim.contract.requests import ContractViolation
@@ -23,6 +22,7 @@ from local_mode.sim.engine import Simulation
 from local_mode.sim.lambdas import LambdaService
 from local_mode.sim.sqs import SqsQueue, sqs_batch_handler
 from local_mode.world import build_world
+from tests.fixtures.history import state_changes
 
 
 @pytest.fixture
@@ -341,7 +341,7 @@ def test_a_small_job_recovers_from_a_gpu_fault_with_an_nccl_cascade_and_duplicat
             assert "n0" in suspects
             # The job's history has its state changes only (each verdict is on its suspect item),
             # and the goodput ledger's marks within RUNNING (rank 0 running: restart until then).
-            assert [h["to"] for h in goodput.state_changes(item["history"])][-4:] == [
+            assert [h["to"] for h in state_changes(item["history"])][-4:] == [
                 "PENDING_HEALTHCHECK", "PENDING_RESTART", "STARTING", "RUNNING"]
             # Exactly one DCGM check per suspect node, one reboot (node 0), nothing dead-lettered.
             assert dict(world.cluster.health_checks) == dict.fromkeys(suspects, 1)

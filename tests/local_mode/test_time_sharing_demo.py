@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 
 from bench import time_sharing_day as bench
-from gpu_recovery.domain import goodput
 from gpu_recovery.domain.time_sharing import Priority, QuotaBook
 from local_mode import time_sharing_scenario as scenario
+from tests.fixtures.history import state_changes
 
 LOW, NORMAL, ABOVE, HIGH = (int(p) for p in (Priority.LOW, Priority.NORMAL, Priority.ABOVE_NORMAL,
                                                Priority.HIGH))
@@ -36,7 +36,7 @@ def outcome() -> scenario.TimeSharingResult:
 
 
 def _states(job: dict) -> list[str]:
-    return [str(h.get("to")) for h in goodput.state_changes(job.get("history") or [])]
+    return [str(h.get("to")) for h in state_changes(job.get("history") or [])]
 
 
 def test_the_scenario_ends_as_described(outcome: scenario.TimeSharingResult) -> None:

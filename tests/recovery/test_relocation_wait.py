@@ -99,7 +99,7 @@ def test_a_redelivered_verdict_and_later_sweeps_neither_extend_nor_repeat_the_wa
         assert first is not None
         for _ in range(4):
             w.advance(61)
-            w.service.try_gang_restart("j")
+            w.service.restarts.try_restart("j")
             w.service.sweep()
         job = w.repo.get_job("j")
         assert job.relocation_wait == first and len(_waits(w, "j")) == 1
@@ -124,9 +124,9 @@ def test_a_freed_node_goes_to_the_job_that_waited_longest() -> None:
         w.service.on_health_check_stopped(w.health_check_stopped(task, 2))
         assert w.repo.get_job("m").relocation_wait is not None
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))  # node-c frees
-        assert w.service.try_gang_restart("m").action == "waiting"
+        assert w.service.restarts.try_restart("m").action == "waiting"
         assert w.repo.get_job("m").state is JobState.PENDING_RESTART
-        assert w.service.try_gang_restart("j").action in ("restarted", "restarting")
+        assert w.service.restarts.try_restart("j").action in ("restarted", "restarting")
         assert {a: m["node"] for a, m in w.repo.faults.placement("j", 2).items()} == {FAULTY: OTHER}
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain import goodput
 from local_mode.remediation_scenarios import MIN, world
 from local_mode.sim.api_errors import THROTTLING
+from tests.fixtures.history import state_changes
 from tests.remediation.steps import queue_job_running_on_three_nodes, submit_queued_job
 
 
 def _job_history(job: dict[str, Any]) -> list[str]:
-    return [str(h.get("to")) for h in goodput.state_changes(job.get("history", []))]
+    return [str(h.get("to")) for h in state_changes(job.get("history", []))]
 
 
 # Slow tier (CI runs it: make test-slow): a whole emulated remediation (~3-5 s); make test

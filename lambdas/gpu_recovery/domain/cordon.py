@@ -32,10 +32,8 @@ from typing import Any
 from gpu_recovery.domain.breaker.causes import independent_causes, kept, one_cause_note
 
 # The ECS custom attribute (name only: DeleteAttributes takes the name and target, not the
-# value) and the placement constraint that keeps tasks off cordoned container instances.
+# value) of cordoned container instances (the constraint to keep off: domain.placement).
 CORDON_ATTRIBUTE = "gpu-recovery.cordoned"
-PLACEMENT_EXPRESSION = f"attribute:{CORDON_ATTRIBUTE} !exists"
-PLACEMENT_CONSTRAINT = {"type": "memberOf", "expression": PLACEMENT_EXPRESSION}
 
 # Where the attribute stands (the instance item's ``cordon.ecs``).
 ECS_PENDING = "pending"  # intent committed, PutAttributes not confirmed yet

@@ -30,7 +30,6 @@ from gpu_recovery.domain.fault_vocabulary import (
 )
 from gpu_recovery.domain.gpu_counters import DEFAULT_WINDOW_SECONDS
 
-SCHEMA_VERSION = 1
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent.parent / "catalog" / "default_fault_catalog.json"
 DEFAULT_LOOKBACK_SECONDS = 900
 DEFAULT_LOOKAHEAD_SECONDS = 120

@@ -114,12 +114,6 @@ def interval_marks(cause: str, until: float) -> dict[str, Any]:
     return {"was": cause, "until": float(until)}
 
 
-def state_changes(history: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """A job's history entries that change its state: without the ledger's marks within
-    RUNNING (``interval_marks``: RUNNING -> RUNNING lines)."""
-    return [entry for entry in history if not (entry.get("gp") or {}).get("was")]
-
-
 def validation_marks(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The ``gp`` facts of a gang restart's RUNNING when the nodes it waited for validated
     after their repair (``domain.validation.result_record``: each ``since`` to ``at``): that

@@ -262,7 +262,7 @@ class Instance:
     disconnected_version: int = 0  # that event's detail.version (0: unknown)
     disconnected_agent: str = ""  # the agent's version then (versionInfo.agentVersion)
     # The agent's first reconnect after that disconnect, when it did not prove the reboot
-    # (domain.policy.instance_is_back): a later disconnect replaces both.
+    # (domain.reboot_evidence.judge_return): a later disconnect replaces both.
     reconnected_at: float | None = None
     reconnected_version: int = 0
     reconnected_agent: str = ""

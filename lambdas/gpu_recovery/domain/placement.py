@@ -53,7 +53,6 @@ from gpu_recovery.domain.relocation import (
 
 UNAVAILABLE_ATTRIBUTE = "gpu-recovery.unavailable"
 PLACEMENT_EXPRESSION = f"attribute:{UNAVAILABLE_ATTRIBUTE} !exists"
-PLACEMENT_CONSTRAINT = {"type": "memberOf", "expression": PLACEMENT_EXPRESSION}
 # Deprecated, kept on cordoned nodes for one release: schedulers move to the one above.
 DEPRECATED_CORDON_ATTRIBUTE = CORDON_ATTRIBUTE
 

@@ -152,10 +152,6 @@ def judge_return(instance: Instance, event: AgentEvent, now: float) -> Return:
     return Return(False, f"{outage}; waiting for the node agent's boot time")
 
 
-def instance_is_back(instance: Instance, event: AgentEvent, now: float) -> bool:
-    return judge_return(instance, event, now).back
-
-
 # ================================================================ issuing the reboot
 class RebootProgress(str, Enum):
     """Where an instance's reboot stands, from what the record and ECS say."""

@@ -8,7 +8,7 @@ effects into executed and observed-only. Pure; the breaker is applied after, wit
     # carry out plan.execute; record plan.to_dict(); append plan.node_record to the history
 
 The node's remediation never depends on the job's budget: the budget only decides whether
-the job restarts (``job_may_restart``).
+the job restarts (``budget.restart``).
 """
 
 from __future__ import annotations
@@ -60,11 +60,6 @@ class RemediationPlan:
     node_record: NodeFaultRecord | None  # append to the node's history (None: diag pending)
     breaker_reason: str = ""
     blocked_by_breaker: bool = False
-
-    @property
-    def job_may_restart(self) -> bool | None:
-        """None while the health check has to decide or no budgets were given."""
-        return None if self.budget is None else self.budget.restart
 
     @property
     def needs_breaker(self) -> bool:

@@ -311,9 +311,6 @@ class RecoveryService:
         return self.unreachable.decide(job_id, attempt, inst_id, lost, lost_since, why,
                                        host_reporting=host_reporting)
 
-    def try_gang_restart(self, job_id: str) -> Outcome:
-        return self.restarts.try_restart(job_id)
-
     def request_suspend(self, job_id: str, attempt: int, *, kind: SuspendKind, reason: str,
                         grace_seconds: int, actor: str, hold: bool = False, by_job: str = "",
                         by_user: str = "", by_priority: int | None = None) -> bool:

@@ -321,11 +321,16 @@ def _tagged(facts: Facts, arn: str) -> Context:
     return Context(tags=facts.resource_tags(arn) or {})
 
 
+def _on_instances(action: str, params: Mapping[str, Any], facts: Facts) -> Iterator[Need]:
+    """``action`` on each of the request's ``InstanceIds``, with the instance's tags."""
+    for instance in params.get("InstanceIds") or []:
+        arn = _instance_arn(facts, str(instance))
+        yield need(action, arn, _tagged(facts, arn))
+
+
 def _ec2(operation: str, params: Mapping[str, Any], facts: Facts) -> Iterator[Need]:
     if operation == "RebootInstances":
-        for instance in params.get("InstanceIds") or []:
-            arn = _instance_arn(facts, str(instance))
-            yield need("ec2:RebootInstances", arn, _tagged(facts, arn))
+        yield from _on_instances("ec2:RebootInstances", params, facts)
     elif operation == "DescribeInstances":
         yield need("ec2:DescribeInstances", "*")
     else:
@@ -339,9 +344,7 @@ def _ssm(operation: str, params: Mapping[str, Any], facts: Facts) -> Iterator[Ne
             owner = "" if document.startswith(("AWS-", "AWSEC2-", "AWSSupport-", "Amazon")) else facts.account
             document = f"arn:aws:ssm:{facts.region}:{owner}:document/{document}"
         yield need("ssm:SendCommand", document)
-        for instance in params.get("InstanceIds") or []:
-            arn = _instance_arn(facts, str(instance))
-            yield need("ssm:SendCommand", arn, _tagged(facts, arn))
+        yield from _on_instances("ssm:SendCommand", params, facts)
     elif operation == "DescribeInstanceInformation":
         yield need("ssm:DescribeInstanceInformation", "*")
     else:

@@ -450,10 +450,6 @@ class RequestGuard:
         if found:
             raise ContractViolation(found)
 
-    def unreviewed(self) -> list[str]:
-        """Operations seen that :data:`~.prose_limits.OPERATIONS` does not list."""
-        return sorted(op for op in self.seen if op not in OPERATIONS)
-
     # --- botocore -------------------------------------------------------------------------
     def install(self, session: Any) -> None:
         """Check every request of ``session``'s clients (those created from now on), or of

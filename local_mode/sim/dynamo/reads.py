@@ -66,11 +66,7 @@ class Reads(DynamoCore):
         return {"Responses": responses, "UnprocessedKeys": unprocessed}
 
     def _op_Query(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
-        table = self._table(p["TableName"])
-        index_name = p.get("IndexName")
-        index = table.primary if not index_name else table.gsis.get(index_name)
-        if index is None:
-            raise _validation(f"The table does not have the specified index: {index_name}")
+        table, index_name, index = self._read_target(p)
         consistent = bool(p.get("ConsistentRead"))
         if index_name and consistent:
             raise _validation("Consistent reads are not supported on global secondary indexes")
@@ -99,6 +95,15 @@ class Reads(DynamoCore):
         if start is not None:
             entries = _after(entries, table, index, start, forward)
         return self._page(p, usages, table, index, entries, consistent, partition=hashed)
+
+    def _read_target(self, p: Mapping[str, Any]) -> tuple[_Table, str | None, _Index]:
+        """A Query's or Scan's table, the index it names (None: the table's own) and that index."""
+        table = self._table(p["TableName"])
+        index_name = p.get("IndexName")
+        index = table.primary if not index_name else table.gsis.get(index_name)
+        if index is None:
+            raise _validation(f"The table does not have the specified index: {index_name}")
+        return table, index_name, index
 
     def _page(self, p: Mapping[str, Any], usages: _Usages, table: _Table, index: _Index,
               entries: Iterable[tuple[Any, tuple[Any, ...]]], consistent: bool,
@@ -155,11 +160,7 @@ class Reads(DynamoCore):
         return out
 
     def _op_Scan(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
-        table = self._table(p["TableName"])
-        index_name = p.get("IndexName")
-        index = table.primary if not index_name else table.gsis.get(index_name)
-        if index is None:
-            raise _validation(f"The table does not have the specified index: {index_name}")
+        table, index_name, index = self._read_target(p)
         _check_tokens_used(p, p.get("FilterExpression"), p.get("ProjectionExpression"))
         keys = sorted(index.entries) if index_name else sorted(table.items)
         entries = [((), k) for k in keys]

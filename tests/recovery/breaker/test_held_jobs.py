@@ -12,9 +12,9 @@ import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState, NotificationKind
-from gpu_recovery.domain import goodput
 from gpu_recovery.recovery.breaker.operations import reset_breaker
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from tests.fixtures.history import state_changes
 from tests.recovery.breaker.steps import PEER, reboot_fault, running_on, sent, sweep_minutes
 from tests.recovery.fakes import World, world
 from tests.recovery.remediation_steps import FAULTY
@@ -80,7 +80,7 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1
         assert running_on(w) == [PEER, FAULTY]
-        history = [h["to"] for h in goodput.state_changes((w.repo.get_job_item("j") or {})["history"])]
+        history = [h["to"] for h in state_changes((w.repo.get_job_item("j") or {})["history"])]
         held_at = history.index("HELD")
         assert history[held_at:held_at + 3] == ["HELD", "PENDING_RESTART", "STARTING"]
 

@@ -534,7 +534,6 @@ class SearchRun:
     pinned: list[int]
     widespread: str = ""
     notes: list[str] = field(default_factory=list)
-    tests_per_round: list[int] = field(default_factory=list)
 
 
 def simulate(nodes: int, faults: Sequence[Fault], max_rounds: int = 64) -> SearchRun:
@@ -544,10 +543,8 @@ def simulate(nodes: int, faults: Sequence[Fault], max_rounds: int = 64) -> Searc
     gang = list(range(nodes))
     gang_failed = bool(loopbacks) or any(f.fails(gang) for f in faults)
     state = after_first_round(nodes, gang_passed=not gang_failed, loopback_failed=loopbacks)
-    sizes: list[int] = []
     while not state.done and state.round < max_rounds:
         tests = plan_round(state)
-        sizes.append(len(tests))
         outcome = {t.test_id: not any(f.fails(members(t.nodes)) for f in faults) for t in tests}
         state = advance(state, tests, outcome)
-    return SearchRun(state.round, state.pinned_nodes, state.widespread, list(state.notes), sizes)
+    return SearchRun(state.round, state.pinned_nodes, state.widespread, list(state.notes))

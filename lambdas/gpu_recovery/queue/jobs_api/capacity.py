@@ -52,10 +52,6 @@ class ClusterCapacity:
             self._cache = _CapacityCache(value, time.monotonic())
         return value
 
-    def invalidate(self) -> None:
-        with self._lock:
-            self._cache = _CapacityCache()
-
     def _read(self) -> Capacity | None:
         # No status filter: every registered instance but INACTIVE ones (a DRAINING node
         # comes back; the check refuses only what could never run).
