@@ -269,7 +269,7 @@ def storm() -> dict[str, Any]:
         bad_placements = 0
         for _ in range(14):
             ids = {name: qc.sim.node(name).container_instance_id for name in qc.sim.nodes}
-            instances = qc.repo.get_instances(list(ids.values()))
+            instances = qc.repo.instances.get_instances(list(ids.values()))
             bad = {name for name, i in ids.items() if (inst := instances.get(i)) is not None
                    and (inst.state is not InstanceState.AVAILABLE or inst.cordoned)}
             qc.scheduler().tick()

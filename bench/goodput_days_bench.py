@@ -105,7 +105,7 @@ def run_one(*, nodes: int = 16, spares: int = 2, days: float = 3.0, checkpoint_m
                     injected[kind] = injected.get(kind, 0) + 1
                 next_fault = sim.now() + rng.expovariate(per_second)
             sim.run_for(MIN)
-        item = repo.get_job_item(JOB_ID) or {}
+        item = repo.jobs.get_job_item(JOB_ID) or {}
         ledger = goodput.ledger_of(item, sim.now())
     view = ledger.to_view()
     hours = {cause: round(seconds / HOUR, 2) for cause, seconds in view["seconds"].items() if seconds}
@@ -143,7 +143,7 @@ def _report_checkpoints(repo: Repository, sim: Any, last: dict[int, float], ever
         return
     since = last.get(attempt, max(started))
     if sim.now() - since >= every:
-        repo.record_checkpoint(JOB_ID, attempt, int(sim.now() - max(started)), sim.now())
+        repo.jobs.record_checkpoint(JOB_ID, attempt, int(sim.now() - max(started)), sim.now())
         last[attempt] = sim.now()
 
 

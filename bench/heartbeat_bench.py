@@ -83,8 +83,8 @@ def _seed_job(job_id: str, ranks: int, node: str, hb: float | None) -> list[str]
     from gpu_recovery.domain.models import Instance, Job, Rank
 
     repo = runtime.repository()
-    repo.put_instance_if_absent(Instance(node, container_instance_arn=f"arn:aws:ecs:us-east-1:123456789012:"
-                                                                     f"container-instance/gpu-cluster/{node}"))
+    arn = f"arn:aws:ecs:us-east-1:123456789012:container-instance/gpu-cluster/{node}"
+    repo.instances.put_instance_if_absent(Instance(node, container_instance_arn=arn))
     repo.registrations.create_job_if_absent(Job(job_id, JobState.RUNNING, ranks))
     arns = []
     for r in range(ranks):

@@ -108,7 +108,7 @@ def measure(old: bool, nodes: int = NODES) -> dict[str, Any]:
                                        Notices(repo.notices, repo.faults, unused), lambda: unused)
             for n in range(nodes):
                 node, job = f"node{n:05d}", f"job{n:05d}"
-                repo.put_instance_if_absent(Instance(node))
+                repo.instances.put_instance_if_absent(Instance(node))
                 repo.registrations.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0,
                                                             updated_at=T0))
                 for r in range(RANKS):

@@ -139,14 +139,14 @@ def _run(boto3: Any, rounds: int) -> dict[str, Any]:
     # Put the job on ECS with two running ranks so get/cancel/logs do real work.
     from gpu_recovery.constants import RankState
     from gpu_recovery.domain.models import Rank
-    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository import records
 
     table = boto3.resource("dynamodb", region_name=region).Table(_ENV["TRAINING_JOB_TABLE_NAME"])
     task_def = ecs.describe_task_definition(taskDefinition="bench-train:1")["taskDefinition"][
         "taskDefinitionArn"]
     for rank, ci in enumerate(instances):
         task = ecs.start_task(cluster=cluster, taskDefinition=task_def, containerInstances=[ci])["tasks"][0]
-        table.put_item(Item=Repository.rank_to_item(Rank(
+        table.put_item(Item=records.rank_to_item(Rank(
             job_id=job_id, rank=rank, state=RankState.RUNNING, attempt=1, task_arn=task["taskArn"],
             task_definition_arn=task_def, container_inst_id=ci.rsplit("/", 1)[-1])))
         if rank == 0:

@@ -123,7 +123,7 @@ def run_scenario(ranks: int, history_jobs: int = 0, minutes: int = 90) -> CallMe
         sim.start_job("bench", td, nodes)
         sim.inject_gpu_fault(nodes[-1], after=300, health="reboot_fixable", nccl_cascade=True)
         sim.run_for(minutes * 60)
-        job = runtime.recovery_service().repo.get_job("bench")
+        job = runtime.recovery_service().repo.jobs.get_job("bench")
         if job is None:
             raise RuntimeError("bench scenario lost its job")
         if job.attempt != 2 or (minutes >= 70 and job.state is not C.JobState.COMPLETE):

@@ -91,7 +91,7 @@ def _catch(validation: ValidationPolicy | None) -> dict[str, Any]:
             w.ecs.inject_gpu_fault(node, at=start + after, health="reboot_fixable", nccl_cascade=True)
         w.ecs.run_for(CATCH_HOURS * 3600)
         faulty = {node for node, _ in CATCH_FAULTS}
-        jobs = {job: w.repo.get_job(job) for job, _ in CATCH_JOBS}
+        jobs = {job: w.repo.jobs.get_job(job) for job, _ in CATCH_JOBS}
         validations = [t for t in w.ecs.tasks.values() if t.validation and t.done]
         refaults = [e for e in w.ecs.timeline if e.kind == "fault" and "repair did not hold" in e.text]
         complete = [j for j in jobs.values() if j is not None and j.state is C.JobState.COMPLETE]

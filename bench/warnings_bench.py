@@ -68,7 +68,7 @@ class _Rank0:
     def poll(self) -> None:
         from gpu_recovery import runtime
 
-        job = self.repo.get_job(self.job_id)
+        job = self.repo.jobs.get_job(self.job_id)
         if job is None or job.state.is_terminal:
             return
         now = self.sim.now()
@@ -86,7 +86,7 @@ class _Rank0:
     def _saved(self, attempt: int) -> list[Any]:
         from gpu_recovery import runtime
 
-        job = self.repo.get_job(self.job_id)
+        job = self.repo.jobs.get_job(self.job_id)
         if job is None or job.attempt != attempt or job.state is not C.JobState.SUSPENDING:
             return []  # the GPU failed while it saved: the checkpoint is lost, recovery took over
         self.last_checkpoint = self.sim.now()
@@ -110,14 +110,14 @@ def _case(kind: str, lead: int, acted: bool) -> Case:
             "name": "bench", "task_definition": definition, "nnodes": 2, "gpus_per_node": 8,
             "max_infra_recoveries": 3}, "alice")
         def running() -> bool:
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             return job is not None and job.state is C.JobState.RUNNING
 
         sim.run_until_true(running, max_seconds=5 * MIN)
         started = sim.now()
         rank0 = _Rank0(sim, repo, job_id, started)
         rank0.start()
-        rank1 = repo.get_rank(job_id, 1)
+        rank1 = repo.jobs.get_rank(job_id, 1)
         assert rank1 is not None, "the job did not start"
         node = world.node_name(rank1.container_inst_id)
         sim.run_for(WARN_AFTER)
@@ -143,13 +143,13 @@ def _case(kind: str, lead: int, acted: bool) -> Case:
         sim.schedule(warned_at + lead, fail, "the announced failure")
 
         def ended() -> bool:  # running again after the move or the crash (or ended)
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             return job is not None and (job.state.is_terminal or (
                 job.attempt >= 2 and job.state is C.JobState.RUNNING and sim.now() > warned_at + lead))
 
         sim.run_until_true(ended, max_seconds=3 * 3600)
         sim.run_for(MIN)  # the restarted ranks placed, then RUNNING
-        item = repo.get_job_item(job_id) or {}
+        item = repo.jobs.get_job_item(job_id) or {}
         moves = [m for m in item.get("moves") or [] if m.get("outcome") == "moved"]
         tasks = sorted((t for t in sim.tasks.values() if t.tags.get(C.TAG_JOB_ID) == job_id
                         and not t.health_check), key=lambda t: t.created_at)

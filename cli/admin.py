@@ -217,7 +217,7 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
         # The settings the breaker last decided with (recorded on its item by every decision).
         settings = policy.BreakerPolicy(window_seconds=window_seconds,
                                         auto_close=bool((stored or {}).get("auto_close", True)))
-        answer = assess(repo, stored, now=now, settings=settings)
+        answer = assess(repo.instances, stored, now=now, settings=settings)
         in_window = sorted({e["node"] for e in state["window"] if now - window_seconds < e["at"] <= now})
         tripped = state["state"] == policy.TRIPPED
         shown = {"state": state["state"], "standing": answer.standing, "why": answer.reason,
@@ -234,7 +234,7 @@ def breaker_command(args: argparse.Namespace, repo: Any, now: float) -> int:
                  # Jobs that cannot move, waiting for a held reboot (the deadline index: jobs
                  # in recovery only, never a scan).
                  "held_jobs": [{"job_id": item["job_id"], **dict(item.get("breaker_hold") or {})}
-                               for item in SchedulingRepository(repo).jobs_in_recovery()
+                               for item in SchedulingRepository(repo.jobs).jobs_in_recovery()
                                if item.get("job_state") == "HELD"]}
         if getattr(args, "json", False):
             print(json.dumps(shown, default=str, sort_keys=True, indent=2))
@@ -398,7 +398,7 @@ def _fault_analysis(args: argparse.Namespace, ctx: Context) -> int:
 
 def fault_analysis_command(args: argparse.Namespace, repo: Any) -> int:
     """``faults``: the tally and every suspect node of one fault of a job."""
-    job = repo.get_job(args.job_id)
+    job = repo.jobs.get_job(args.job_id)
     if job is None:
         print(f"error: no job {args.job_id!r} in the job table", file=sys.stderr)
         return 1

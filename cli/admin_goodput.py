@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def goodput_command(args: argparse.Namespace, repo: Any, now: float) -> int:
     since = now - args.days * 86400
-    figures = report(jobs_submitted_since(repo.db, repo.job_table_name, since), now)
+    figures = report(jobs_submitted_since(repo.tables.db, repo.tables.job_table_name, since), now)
     for lemon in figures["lemons"]:
-        history = (repo.get_instance_item(lemon["node"]) or {}).get("fault_history") or []
+        history = (repo.instances.get_instance_item(lemon["node"]) or {}).get("fault_history") or []
         recent = [h for h in history if float(h.get("at") or 0) >= since]
         lemon["faults"] = [str(h.get("cause") or h.get("action") or "?") for h in recent][-FAULTS_SHOWN:]
     if args.json:

@@ -112,13 +112,13 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
     except policy.ValidationError as error:
         print(f"error: ${ENV_POST_REPAIR_VALIDATION}: {error}", file=sys.stderr)
         return 2
-    raw = repo.get_instance_item(node)
+    raw = repo.instances.get_instance_item(node)
     if raw is None:
-        print(f"error: no node {node!r} in the instance table {repo.instance_table_name}: give its "
+        print(f"error: no node {node!r} in the instance table {repo.tables.instance_table_name}: give its "
               "container-instance id (the last part of its ARN, `aws ecs list-container-instances`) and "
               "the stack's table (--instance-table)", file=sys.stderr)
         return 1
-    instance = repo.instance_from_item(raw)
+    instance = repo.instances.instance_from_item(raw)
     try:
         written = _write(args, repo, instance, raw, now=now, who=who, check_policy=check_policy)
     except ReturnError as error:
@@ -130,7 +130,7 @@ def return_node_command(args: argparse.Namespace, repo: Any, ecs: Any, *, now: f
         return 0  # its ECS step was confirmed: a drain made since is not undone
     try:
         activated = _activate(ecs, instance, args.cluster or _cluster_of(instance) or stack_cluster,
-                              lambda: (repo.get_instance_item(node) or {}).get("cordon"))
+                              lambda: (repo.instances.get_instance_item(node) or {}).get("cordon"))
     except Exception as error:
         print(f"error: the node's return is recorded, but setting it ACTIVE in ECS failed ({error}): run the "
               "same command again to finish", file=sys.stderr)
@@ -215,7 +215,7 @@ def _history(instance: Instance, to: InstanceState, now: float, who: str, reason
 
 
 def _changed(repo: Any, node: str) -> ReturnError:
-    fresh = repo.get_instance(node)
+    fresh = repo.instances.get_instance(node)
     now_state = fresh.state.value if fresh is not None else "gone"
     return ReturnError(f"node {node} changed while returning it (now {now_state}): run the command again")
 

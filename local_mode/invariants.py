@@ -39,8 +39,9 @@ def _projected(repo: Repository, table: str, key: dict[str, Any],
                fields: Iterable[str]) -> dict[str, Any] | None:
     """The item's top-level ``fields``, read consistently; None: no item."""
     names = {f"#p{i}": field for i, field in enumerate(fields)}
-    item = repo.db.table(table).get_item(Key=key, ConsistentRead=True, ProjectionExpression=", ".join(names),
-                                         ExpressionAttributeNames=names).get("Item")
+    item = repo.tables.db.table(table).get_item(Key=key, ConsistentRead=True,
+                                                ProjectionExpression=", ".join(names),
+                                                ExpressionAttributeNames=names).get("Item")
     return dict(item) if item else None
 
 
@@ -53,7 +54,7 @@ def forgotten_validations(repo: Repository, now: float, nodes: Iterable[str], *,
     answer: the sweep looks at its ECS agent, then runs its check, until the check's verdict."""
     out = {}
     for node in sorted(nodes):
-        item = _projected(repo, repo.instance_table_name, {C.INSTANCE_PK: node}, _INSTANCE_FIELDS)
+        item = _projected(repo, repo.tables.instance_table_name, {C.INSTANCE_PK: node}, _INSTANCE_FIELDS)
         if not item:
             continue
         state = item.get("instance_state")
@@ -70,7 +71,7 @@ def _not_due(repo: Repository, item: dict[str, Any], now: float, overdue_seconds
     """Why the sweep would not reach ``item`` (in no shard of the by-deadline index, or due
     for longer than ``overdue_seconds``); "" when it will."""
     due = item.get(C.DEADLINE_SK)
-    if item.get(C.DEADLINE_PK) not in repo.db.deadline_buckets() or due is None:
+    if item.get(C.DEADLINE_PK) not in repo.tables.db.deadline_buckets() or due is None:
         return "with nothing due"
     if float(due) < now - overdue_seconds:
         return f"due {now - float(due):.0f} s ago"
@@ -78,7 +79,7 @@ def _not_due(repo: Repository, item: dict[str, Any], now: float, overdue_seconds
 
 
 def job_items(repo: Repository) -> list[dict[str, Any]]:
-    table = repo.db.table(repo.job_table_name)
+    table = repo.tables.db.table(repo.tables.job_table_name)
     items: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"FilterExpression": "item_type = :j",
                               "ExpressionAttributeValues": {":j": "JOB"}}
@@ -100,7 +101,7 @@ def forgotten_jobs(repo: Repository, now: float, *, overdue_seconds: float = OVE
         items = job_items(repo)
     else:
         keys = ({C.JOB_PK: C.job_item_key(j)} for j in sorted(job_ids))
-        items = [i for i in (_projected(repo, repo.job_table_name, k, _JOB_FIELDS) for k in keys) if i]
+        items = [i for i in (_projected(repo, repo.tables.job_table_name, k, _JOB_FIELDS) for k in keys) if i]
     for item in items:
         state = JobState(item["job_state"])
         if state is JobState.RUNNING or state.is_terminal:

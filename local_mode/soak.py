@@ -216,7 +216,7 @@ def _failed_on_its_own(last_error: str) -> bool:
 
 
 def _terminal(repo: Repository, job_id: str) -> bool:
-    job = repo.get_job(job_id)
+    job = repo.jobs.get_job(job_id)
     return job is not None and job.state.is_terminal
 
 
@@ -226,7 +226,7 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
     states: dict[str, int] = {}
     unfinished, failed, own, killed = [], [], [], []
     for planned_job in planned:
-        job = repo.get_job(planned_job.job_id)
+        job = repo.jobs.get_job(planned_job.job_id)
         state = job.state.value if job is not None else "NEVER_STARTED"
         states[state] = states.get(state, 0) + 1
         if job is None or not job.state.is_terminal:
@@ -276,7 +276,7 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
 
 def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) -> None:
     """What happened to a job that ended wrong: its history, and the calls broken meanwhile."""
-    item = repo.get_job_item(job_id) or {}
+    item = repo.jobs.get_job_item(job_id) or {}
     out = sys.stderr
     print(f"=== {job_id}: {item.get('job_state')} attempt {item.get('attempt')} "
           f"error {str(item.get('last_error'))[:300]!r}", file=out)
@@ -285,8 +285,8 @@ def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) 
         times.append(float(entry["at"]))
         print(f"  {float(entry['at']):.0f} {entry.get('from')} -> {entry.get('to')}: "
               f"{str(entry.get('reason'))[:200]}", file=out)
-    job = repo.get_job(job_id)
-    nodes = {sim.node(r.container_inst_id).name for r in repo.get_ranks(job)} if job else set()
+    job = repo.jobs.get_job(job_id)
+    nodes = {sim.node(r.container_inst_id).name for r in repo.jobs.get_ranks(job)} if job else set()
     if times:
         first, last = min(times) - 600, max(times) + 600
         for entry in sim.timeline:

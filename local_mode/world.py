@@ -99,12 +99,12 @@ class World:
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job item ({} if none)."""
-        return self.repo.get_job_item(job_id) or {}
+        return self.repo.jobs.get_job_item(job_id) or {}
 
     def fault_records(self, job_id: str) -> dict[int, dict[str, dict[str, Any]]]:
         """attempt -> node -> the evidence and decision of that attempt's fault."""
         repo = self.repo
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None:
             return {}
         out = {attempt: repo.faults.records(job, attempt) for attempt in range(1, job.attempt + 1)}
@@ -117,7 +117,7 @@ class World:
 
     def node_item(self, name: str) -> dict[str, Any]:
         """The instance item of the simulated node ``name`` ({} if none)."""
-        return self.repo.get_instance_item(self.ecs.node(name).container_instance_id) or {}
+        return self.repo.instances.get_instance_item(self.ecs.node(name).container_instance_id) or {}
 
     def node_name(self, ref: str) -> str:
         """The simulated node's name for an instance id or ARN (``ref`` itself if unknown)."""

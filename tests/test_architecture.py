@@ -317,7 +317,7 @@ ADAPTER_STYLE = [
     "self.task_definitions.describe(ref)",
     "self.hosts.address(instance_id)",
     "self.logs.read_stream(group, stream, limit=10, next_token=None)",
-    "self.repo.get_ranks(job)",
+    "self.repo.jobs.get_ranks(job)",
     "self.notifier.publish(notification)",
     "self.rebooter.reboot(instance_id, reason)",
     "items.update(other)",
@@ -610,9 +610,9 @@ def test_only_the_repository_writes_condition_expressions() -> None:
 
 
 CONDITION_SNIPPETS = [
-    "repo.db.apply(Update(table=t, key=k, set_fields={}))",
+    "repo.tables.db.apply(Update(table=t, key=k, set_fields={}))",
     "table.update_item(Key=k, ConditionExpression='attribute_exists(#k)')",
-    "repo.instance_update(i, extra_condition=x)",
+    "repo.instances.instance_update(i, extra_condition=x)",
     "WHERE = '#st = :st AND #att = :att'",
     "GONE = 'attribute_not_exists(#k)'",
     "state_condition('job_state', states, 'js')",

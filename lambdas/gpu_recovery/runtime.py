@@ -74,10 +74,10 @@ def ecs_adapter(repo: Repository, cluster: str, bucket: TokenBucket, client: Any
     from gpu_recovery.repository.rate_limit import RateLimitRepository
     from gpu_recovery.settings import DESCRIBE_BUCKET
 
-    describe = (EcsCallBudget(RateLimitRepository.describe_budget(repo), DESCRIBE_BUCKET)
+    describe = (EcsCallBudget(RateLimitRepository.describe_budget(repo.tables), DESCRIBE_BUCKET)
                 if describe_budget else None)
-    return EcsAdapter(client or aws.client("ecs"), cluster,
-                      budget=EcsCallBudget(RateLimitRepository(repo), bucket), describe_budget=describe)
+    budget = EcsCallBudget(RateLimitRepository(repo.tables), bucket)
+    return EcsAdapter(client or aws.client("ecs"), cluster, budget=budget, describe_budget=describe)
 
 
 def fault_catalog(settings: Settings) -> FaultCatalog:
@@ -292,8 +292,8 @@ def job_control_service(metrics: MetricsPort | None = None) -> JobControlService
         def preflights() -> Any:
             return recovery_service(_services.get("job_control_metrics")).preflights
 
-        service = JobControlService(repo, go_suspend, settings.control_poll_seconds,
-                                    secrets=ControlSecrets(repo.db, repo.job_table_name).of,
+        service = JobControlService(repo.jobs, go_suspend, settings.control_poll_seconds,
+                                    secrets=ControlSecrets(repo.tables.db, repo.tables.job_table_name).of,
                                     preflights=preflights)
         built = (session, service)
         with _lock:

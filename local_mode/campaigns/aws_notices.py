@@ -159,13 +159,13 @@ class AwsNotice(Scenario[RunResult]):
             self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
             self.program.start()
             sim.run_for(MIN)
-        rank1 = world.repo.get_rank(self.job_id, 1)
+        rank1 = world.repo.jobs.get_rank(self.job_id, 1)
         assert rank1 is not None
         self.target = world.node_name(rank1.container_inst_id)
         if self.kind == "capacity_block_expiry":  # the block: rank 1's node and an idle one
-            job = world.repo.get_job(self.job_id)
+            job = world.repo.jobs.get_job(self.job_id)
             assert job is not None
-            busy = {world.node_name(r.container_inst_id) for r in world.repo.get_ranks(job)}
+            busy = {world.node_name(r.container_inst_id) for r in world.repo.jobs.get_ranks(job)}
             idle = next(n for n in NODES if n not in busy)
             for name in (self.target, idle):
                 sim.node(name).capacity_reservation_id = "cr-0123456789abcdef0"
@@ -178,7 +178,7 @@ class AwsNotice(Scenario[RunResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim, program = world.repo, world.ecs, self.program
-        job = repo.get_job_item(self.job_id) or {}
+        job = repo.jobs.get_job_item(self.job_id) or {}
         attempts = int(job.get("attempt") or 0)
         ours = [t for t in sim.tasks.values()
                 if not t.health_check and t.tags.get(C.TAG_JOB_ID) == self.job_id]
@@ -188,7 +188,7 @@ class AwsNotice(Scenario[RunResult]):
         placed_after = [f"{t.label} on {t.node}" for t in sim.tasks.values()
                         if t.node in names and t.created_at > self.noticed_at]
         stops = [float(t.stopped_at) for t in ours if t.node == self.target and t.stopped_at is not None]
-        items = {n: repo.get_instance_item(sim.node(n).container_instance_id) or {} for n in names}
+        items = {n: repo.instances.get_instance_item(sim.node(n).container_instance_id) or {} for n in names}
         return RunResult(**common, flow=self.flow, job=job, tasks_started=started, announced=names,
                          announced_items=items, announced_status=ecs_status(world, names),
                          placed_after=placed_after, noticed_at=self.noticed_at,

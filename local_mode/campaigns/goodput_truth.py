@@ -29,7 +29,7 @@ def report_start(repo: Repository, sim: SimulatedEcs, job_id: str) -> None:
     for attempt, tasks in _attempts(sim, job_id).items():
         started = [t.started_at for t in tasks if t.started_at is not None and t.last_status == "RUNNING"]
         if started and len(started) == len(tasks):
-            repo.record_checkpoint(job_id, attempt, 0, float(max(started)))
+            repo.jobs.record_checkpoint(job_id, attempt, 0, float(max(started)))
 
 
 def truth(sim: SimulatedEcs, job_id: str) -> float:
@@ -57,7 +57,7 @@ def _rank_zero(tasks: list[Any]) -> Any:
 
 def compare(repo: Repository, sim: SimulatedEcs, job_id: str) -> dict[str, Any]:
     """The ledger's figures beside the truth (a campaign result's facts)."""
-    item = repo.get_job_item(job_id) or {}
+    item = repo.jobs.get_job_item(job_id) or {}
     ledger = goodput.ledger_of(item, clock.now())
     return {"wall": round(ledger.wall, 1), "productive": round(ledger.seconds[goodput.PRODUCTIVE], 1),
             "truth": round(truth(sim, job_id), 1), "ettr": ledger.ettr,

@@ -204,18 +204,18 @@ class NodeLost(Scenario[RunResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim = world.repo, world.ecs
-        job = repo.get_job(JOB_ID)
+        job = repo.jobs.get_job(JOB_ID)
         assert job is not None
         nodes = {sim.node(n).container_instance_id: n for n in (PEER, LOST)}
         peer = sim.tasks.get(self.peer_task)
 
         def instance_state(instance_id: str) -> str:
-            instance = repo.get_instance(instance_id)
+            instance = repo.instances.get_instance(instance_id)
             return instance.state.value if instance else "MISSING"
 
         return RunResult(
             **common, job_state=job.state.value, attempt=job.attempt,
-            rank_states=[r.state.value for r in repo.get_ranks(job)],
+            rank_states=[r.state.value for r in repo.jobs.get_ranks(job)],
             instance_states={n: instance_state(i) for i, n in nodes.items()},
             ecs_status=ecs_status(world, (PEER, LOST)),
             peer_stopped=peer is not None and peer.stop_code == "UserInitiated",
@@ -235,7 +235,7 @@ class NodeWedged(NodeLost):
         return [world.ecs.node(LOST).container_instance_id]
 
     def settled(self, world: World) -> bool:
-        instance = world.repo.get_instance(world.ecs.node(LOST).container_instance_id)
+        instance = world.repo.instances.get_instance(world.ecs.node(LOST).container_instance_id)
         return instance is not None and instance.state is InstanceState.AVAILABLE and not instance.validation
 
     def start(self, world: World) -> None:
@@ -258,10 +258,10 @@ class NodeWedged(NodeLost):
     def result(self, world: World, common: dict[str, Any]) -> WedgedResult:
         base = super().result(world, common)
         node = world.ecs.node(LOST)
-        instance = world.repo.get_instance(node.container_instance_id)
+        instance = world.repo.instances.get_instance(node.container_instance_id)
         checks = [t.exit_code for t in sorted(world.ecs.tasks.values(), key=lambda t: t.created_at)
                   if t.validation and t.node == LOST]
-        history = world.repo.get_instance_item(node.container_instance_id) or {}
+        history = world.repo.instances.get_instance_item(node.container_instance_id) or {}
         left = sorted({str(a["name"]) for a in world.ecs.ci_description(node)["attributes"]}
                       & {placement.UNAVAILABLE_ATTRIBUTE, placement.DEPRECATED_CORDON_ATTRIBUTE})
         return WedgedResult(

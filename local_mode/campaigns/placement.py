@@ -193,20 +193,20 @@ class PlacementScenario(Scenario[PlacementResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> PlacementResult:
         repo, sim = world.repo, world.ecs
-        job = repo.get_job(JOB_ID)
+        job = repo.jobs.get_job(JOB_ID)
         assert job is not None
         jobs = {}
         for job_id in (JOB_ID, OTHER_JOB):
-            found = repo.get_job(job_id)
+            found = repo.jobs.get_job(job_id)
             if found is not None:
                 jobs[job_id] = (found.state.value, found.attempt, found.recoveries_used)
         names = sorted(sim.nodes)
-        item = repo.get_job_item(JOB_ID) or {}
+        item = repo.jobs.get_job_item(JOB_ID) or {}
         running = [float(h["at"]) for h in item.get("history") or []
                    if h.get("to") == "RUNNING" and float(h["at"]) >= self.fault_at]
         dead = "node-b" if self.flow == "full_cluster" else "node-c"
-        judged = float(((repo.get_instance_item(sim.node(dead).container_instance_id) or {}).get("last_fault")
-                        or {}).get("at") or 0) or None
+        dead_item = repo.instances.get_instance_item(sim.node(dead).container_instance_id) or {}
+        judged = float((dead_item.get("last_fault") or {}).get("at") or 0) or None
         # The job's own nodes are held from the fault (first effect of seeing it) until its
         # restart is placed; the node judged bad from its verdict on.
         restarted = min(running) if running else None
@@ -222,9 +222,10 @@ class PlacementScenario(Scenario[PlacementResult]):
         holds = repo.cordons.worklist().holds
         return PlacementResult(
             **common, flow=self.flow, jobs=jobs,
-            final_nodes=sorted(world.node_name(r.container_inst_id) for r in repo.get_ranks(job)
+            final_nodes=sorted(world.node_name(r.container_inst_id) for r in repo.jobs.get_ranks(job)
                                if r.attempt == job.attempt),
-            instance_states={n: (i.state.value if (i := repo.get_instance(sim.node(n).container_instance_id))
+            instance_states={n: (i.state.value
+                                 if (i := repo.instances.get_instance(sim.node(n).container_instance_id))
                                  else "MISSING") for n in names},
             ecs_status=ecs_status(world, names),
             fault_to_running=(restarted - self.fault_at) if restarted else None,
@@ -234,7 +235,7 @@ class PlacementScenario(Scenario[PlacementResult]):
 
 
 def _waiting(world: World) -> bool:
-    job = world.repo.get_job(JOB_ID)
+    job = world.repo.jobs.get_job(JOB_ID)
     return job is not None and job.relocation_wait is not None
 
 

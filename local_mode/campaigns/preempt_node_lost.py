@@ -140,7 +140,7 @@ class PreemptNodeLost(Preempting[RunResult]):
             return []
 
         def watch() -> list[dict[str, Any]]:
-            job = repo.get_job(self.low)
+            job = repo.jobs.get_job(self.low)
             if job is not None and job.state is JobState.SUSPENDING:
                 sim.schedule(sim.now() + POWER_OFF_SECONDS, power_off, f"{self.lost} loses power")
                 sim.disconnect_agent(self.lost, after=POWER_OFF_SECONDS,
@@ -155,7 +155,7 @@ class PreemptNodeLost(Preempting[RunResult]):
         repo, sim = world.repo, world.ecs
         instances = {}
         for node in NODES:
-            instance = repo.get_instance(sim.node(node).container_instance_id)
+            instance = repo.instances.get_instance(sim.node(node).container_instance_id)
             instances[node] = instance.state.value if instance else "MISSING"
         peer = sim.tasks.get(self.peer_task)
         return RunResult(**common, **self.read_jobs(world, common), lost=self.lost,

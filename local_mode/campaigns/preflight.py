@@ -142,7 +142,7 @@ class PinnedLink(Scenario[RunResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim = world.repo, world.ecs
-        job = repo.get_job_item(self.job_id) or {}
+        job = repo.jobs.get_job_item(self.job_id) or {}
         attempt = int(job.get("attempt") or 0)
         last = sorted({t.node for t in sim.tasks.values() if not t.health_check
                        and t.tags.get(C.TAG_JOB_ID) == self.job_id

@@ -238,7 +238,7 @@ class TenantPreflight(Scenario[EvidenceResult]):
 
     def result(self, world: World, common: dict[str, Any]) -> EvidenceResult:
         repo, sim = world.repo, world.ecs
-        jobs = {name: repo.get_job_item(job_id) or {} for name, job_id in self.jobs.items()}
+        jobs = {name: repo.jobs.get_job_item(job_id) or {} for name, job_id in self.jobs.items()}
         preflights: dict[str, dict[int, dict[str, Any]]] = {}
         for name, job in jobs.items():
             preflights[name] = {}
@@ -252,7 +252,7 @@ class TenantPreflight(Scenario[EvidenceResult]):
                 checks[task.node] = checks.get(task.node, 0) + 1
         out = []
         for node in self.nodes:
-            instance = repo.get_instance(sim.node(node).container_instance_id)
+            instance = repo.instances.get_instance(sim.node(node).container_instance_id)
             if instance is not None and (instance.cordoned or instance.state.value != "AVAILABLE"):
                 out.append(f"{node} ({instance.state.value})")
         return EvidenceResult(

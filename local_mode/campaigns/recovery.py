@@ -337,10 +337,10 @@ class RecoveryScenario(Scenario[RunResult]):
         if self.flow == "lost_verdict":  # the flow's premise, not a problem
             common = {**common, "dead_letters": common["dead_letters"] - sum(
                 1 for d in world.bus.dead_letters if d.rule == HEALTH_CHECK_RULE)}
-        job = repo.get_job(JOB_ID)
+        job = repo.jobs.get_job(JOB_ID)
         assert job is not None
         names = nodes_of(self.flow)
-        final = sorted(world.node_name(r.container_inst_id) for r in repo.get_ranks(job)
+        final = sorted(world.node_name(r.container_inst_id) for r in repo.jobs.get_ranks(job)
                        if r.attempt == job.attempt)
         facts["gpu_resets"] = sum(1 for t in sim.tasks.values() if t.gpu_reset and t.node == FAULTY)
         facts["breaker_state"] = (repo.breaker.read() or {}).get("state", "closed")
@@ -366,7 +366,8 @@ class RecoveryScenario(Scenario[RunResult]):
                                   if t.health_check and not t.gpu_reset and not t.validation and t.node == n)
                            for n in names},
             reboots={n: sim.node(n).reboots for n in names},
-            instance_states={n: _state(repo.get_instance(sim.node(n).container_instance_id)) for n in names},
+            instance_states={n: _state(repo.instances.get_instance(sim.node(n).container_instance_id))
+                             for n in names},
             scenario=self.flow, final_nodes=final, ecs_status=ecs_status(world, names), facts=facts,
         )
 
@@ -492,8 +493,8 @@ def _another_node_acted_on(world: World, flow: str) -> None:
     if flow == "held_autoclose":
         z = sim.node(ANOTHER_NODE)
         node = z.container_instance_id
-        repo.put_instance_if_absent(Instance(node, InstanceState.AVAILABLE, z.container_instance_arn,
-                                             z.instance_id))
+        repo.instances.put_instance_if_absent(Instance(node, InstanceState.AVAILABLE,
+                                                       z.container_instance_arn, z.instance_id))
     decided = breaker_policy.record_action(None, node=node, action="reboot", now=sim.now() - MIN,
                                            cluster_gpu_nodes=nodes)
     repo.breaker.save({**decided.state, "cluster_gpu_nodes": nodes}, None)

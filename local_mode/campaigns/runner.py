@@ -224,7 +224,7 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             if sim.now() < checked[0] + MIN:
                 return False
             checked[0] = sim.now()
-            jobs = {job_id: repo.get_job(job_id) for job_id in job_ids}
+            jobs = {job_id: repo.jobs.get_job(job_id) for job_id in job_ids}
             scenario.each_minute(world, jobs)
             return (all(job is not None and job.state.is_terminal for job in jobs.values())
                     and scenario.settled(world))

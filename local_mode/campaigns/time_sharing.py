@@ -115,10 +115,10 @@ class Rank0ControlPoller:
         self.sim.schedule(self.sim.now() + POLL_SECONDS, self.poll, "rank 0 polls the control API")
 
     def poll(self) -> None:
-        job = self.repo.get_job(self.job_id)
+        job = self.repo.jobs.get_job(self.job_id)
         if job is None or job.state.is_terminal:
             return
-        rank0 = self.repo.get_rank(self.job_id, 0)
+        rank0 = self.repo.jobs.get_rank(self.job_id, 0)
         task = self.sim.tasks.get(rank0.task_arn) if rank0 is not None and rank0.attempt == job.attempt \
             else None
         if task is not None and task.last_status == "RUNNING" and task.desired_status == "RUNNING":
@@ -195,7 +195,8 @@ class Preempting(Scenario[R]):
         job still holding its charge is stuck (added to ``common``)."""
         repo, sim, quotas = world.repo, world.ecs, self.quotas
         assert quotas is not None
-        jobs = {"low": repo.get_job_item(self.low) or {}, "high": repo.get_job_item(self.high) or {}}
+        jobs = {"low": repo.jobs.get_job_item(self.low) or {},
+                "high": repo.jobs.get_job_item(self.high) or {}}
         started: dict[str, list[int]] = {}
         left_running: list[str] = []
         for name, job_id in (("low", self.low), ("high", self.high)):

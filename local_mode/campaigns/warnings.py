@@ -110,7 +110,7 @@ class DriverWarning(Scenario[RunResult]):
         self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
         self.program.start()
         sim.run_for(MIN)
-        rank1 = world.repo.get_rank(self.job_id, 1)
+        rank1 = world.repo.jobs.get_rank(self.job_id, 1)
         assert rank1 is not None
         self.warned = world.node_name(rank1.container_inst_id)
         # Resumed from its checkpoint, the job needs only what was left.
@@ -126,7 +126,7 @@ class DriverWarning(Scenario[RunResult]):
     def result(self, world: World, common: dict[str, Any]) -> RunResult:
         repo, sim, program = world.repo, world.ecs, self.program
         assert program is not None
-        job = repo.get_job_item(self.job_id) or {}
+        job = repo.jobs.get_job_item(self.job_id) or {}
         attempts = int(job.get("attempt") or 0)
         ours = [t.tags.get(C.TAG_ATTEMPT) for t in sim.tasks.values()
                 if not t.health_check and t.tags.get(C.TAG_JOB_ID) == self.job_id]
@@ -134,8 +134,8 @@ class DriverWarning(Scenario[RunResult]):
         node = sim.node(self.warned)
         resets = sum(1 for t in sim.tasks.values() if t.node == node.name and t.group == C.GPU_RESET_GROUP)
         return RunResult(**common, job=job, tasks_started=started, warned=self.warned,
-                         warned_node=repo.get_instance_item(node.container_instance_id) or {}, resets=resets,
-                         reboots=node.reboots, checkpoints=program.checkpoints)
+                         warned_node=repo.instances.get_instance_item(node.container_instance_id) or {},
+                         resets=resets, reboots=node.reboots, checkpoints=program.checkpoints)
 
 
 def run(fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,

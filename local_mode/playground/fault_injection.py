@@ -69,7 +69,7 @@ class FaultInjector:
                 raise PlaygroundError(f"no node {node_ref} (nodes: {', '.join(sorted(self.sim.nodes))})",
                                       field="node", status=404) from None
         rank = _int(doc, "rank", 0)
-        if self.repo is not None and self.repo.get_job(str(job_id)) is None:
+        if self.repo is not None and self.repo.jobs.get_job(str(job_id)) is None:
             raise PlaygroundError(f"job {job_id} not found (gpujobs list shows the jobs)", field="job_id",
                                   status=404)
         tasks = [t for t in self.sim.running_tasks() if not t.health_check
@@ -227,7 +227,7 @@ class FaultInjector:
         if self.repo is None:
             return
         for job_id, rank in ranks:
-            found = self.repo.get_rank(str(job_id), int(rank or 0))
+            found = self.repo.jobs.get_rank(str(job_id), int(rank or 0))
             if found is not None and found.last_heartbeat_at is not None:
                 return
         every = int(getattr(self.agents, "interval", 30))

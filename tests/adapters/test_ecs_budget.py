@@ -73,7 +73,7 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
 
     jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
     db = MemoryDynamo({jobs: "job", instances: "instance"})
-    store = RateLimitRepository(Repository(db, jobs, instances))
+    store = RateLimitRepository(Repository(db, jobs, instances).tables)
     bucket = TokenBucket(rate=4, burst=2)
     waits = [store.reserve(1, bucket, 1000.0, 1.0) for _ in range(6)]
     assert all(w.granted for w in waits)
@@ -84,7 +84,7 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
     assert db.meter.total.calls["GetItem"] == 1  # the refusal's read only
     # A caller that does not take a turn reads the TAT the ADDs left (more digits than a
     # float: steps of 1/36 s on an epoch time) and moves it from there once its token is due.
-    other = RateLimitRepository(Repository(db, jobs, instances), "RATE#test-mixed")
+    other = RateLimitRepository(Repository(db, jobs, instances).tables, "RATE#test-mixed")
     account = TokenBucket(rate=36, burst=3)
     t0 = 1_800_000_000.1
     assert all(other.reserve(1, account, t0, 5.0).granted for _ in range(20))

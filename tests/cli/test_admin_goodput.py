@@ -42,7 +42,7 @@ def _job(repo: Repository, job_id: str, submitted: float, node: str, *, repair: 
     item = {C.JOB_PK: C.job_item_key(job_id), "item_type": "JOB", "job_id": job_id, "job_state": "COMPLETE",
             "world_size": 2, "gpus_per_node": 8, "submitted_at": t, "created_at": t,
             C.LIST_PK: C.LIST_BUCKET, C.SUBMITTED_SK: t, "history": history}
-    repo.db.table("jobs").put_item(Item=to_ddb(item))
+    repo.tables.db.table("jobs").put_item(Item=to_ddb(item))
 
 
 def test_the_cluster_view_sums_its_jobs_and_names_the_costliest_nodes(
@@ -55,7 +55,7 @@ def test_the_cluster_view_sums_its_jobs_and_names_the_costliest_nodes(
     _job(repo, "a", now - 3 * 86400, "ci-bad", repair=600)
     _job(repo, "b", now - 2 * 86400, "ci-meh", repair=60)
     _job(repo, "old", now - 40 * 86400, "ci-bad", repair=600)
-    repo.db.table("instances").put_item(Item={C.INSTANCE_PK: "ci-bad", "fault_history": [
+    repo.tables.db.table("instances").put_item(Item={C.INSTANCE_PK: "ci-bad", "fault_history": [
         {"at": to_ddb(now - 3 * 86400 + 3700), "cause": "xid-79", "action": "reboot"}]})
     assert admin.main(["goodput", "--json"], repo=repo) == 0
     report = json.loads(capsys.readouterr().out)

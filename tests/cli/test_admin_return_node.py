@@ -58,11 +58,11 @@ class Cluster:
     def seed(self, state: InstanceState, **fields: Any) -> None:
         """The node's item as the stack left it (``fields`` on it besides)."""
         repo = self.world.repo
-        assert repo.put_instance_if_absent(Instance(self.node_id, state=state,
-                                                    container_instance_arn=self.node.container_instance_arn))
+        assert repo.instances.put_instance_if_absent(Instance(self.node_id, state=state,
+                                                              container_instance_arn=self.node.container_instance_arn))
         if fields:
             names = {f"#f{i}": k for i, k in enumerate(fields)}
-            self.world.aws.resource("dynamodb").Table(repo.instance_table_name).update_item(
+            self.world.aws.resource("dynamodb").Table(repo.tables.instance_table_name).update_item(
                 Key={"container_inst_id": self.node_id},
                 UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
                 ExpressionAttributeNames=names,
@@ -74,7 +74,7 @@ class Cluster:
         return [parsed[1] for member in members if (parsed := parse_sync_entry(member)) is not None]
 
     def item(self) -> dict[str, Any]:
-        return dict(self.world.repo.get_instance_item(self.node_id) or {})
+        return dict(self.world.repo.instances.get_instance_item(self.node_id) or {})
 
     def tasks(self) -> list[str]:
         return list(self.ecs().list_tasks(cluster=self.world.aws.cluster_name,

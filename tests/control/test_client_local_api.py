@@ -86,7 +86,7 @@ def test_go_suspend_from_any_rank_stops_every_rank(world: ControlWorld) -> None:
     item = world.item(job)
     assert item["job_state"] == JobState.SUSPENDING.value
     assert item["suspend"]["stop_requested_at"] and item["suspend"]["kind"] == "self"
-    ranks = world.qc.repo.get_ranks(world.qc.repo.get_job(job))
+    ranks = world.qc.repo.jobs.get_ranks(world.qc.repo.jobs.get_job(job))
     assert {r.rank: r.state for r in ranks if r.attempt == 1} == {
         0: RankState.STOP_REQUESTED, 1: RankState.STOP_REQUESTED}
     assert sorted(world.stop_task_calls) == tasks

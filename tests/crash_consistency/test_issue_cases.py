@@ -131,7 +131,8 @@ def test_an_uncountable_cluster_never_trips_the_breaker() -> None:
             w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         assert w.ecs.cluster_listings > listed
         assert (w.repo.breaker.read() or {}).get("state") != "tripped"
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING  # nothing committed
+        # nothing committed
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         w.ecs.fail_listing = None
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         stored: dict[str, Any] = w.repo.breaker.read() or {}

@@ -26,13 +26,13 @@ class Cluster:
         return runtime.recovery_service().repo
 
     def job(self, job_id: str) -> Any:
-        return self.repo.get_job(job_id)
+        return self.repo.jobs.get_job(job_id)
 
     def state(self, job_id: str) -> JobState:
         return self.job(job_id).state
 
     def instance(self, node: str) -> Any:
-        return self.repo.get_instance(self.sim.node(node).container_instance_id)
+        return self.repo.instances.get_instance(self.sim.node(node).container_instance_id)
 
     def notifications(self, kind: str | None = None) -> list[dict[str, Any]]:
         notes = self.local.notifications()

@@ -76,7 +76,7 @@ def test_a_tag_registered_awsvpc_job_is_gang_restarted_with_its_network(cluster:
     _awsvpc_job(cluster, "vpc-job", network, {TAG_SECURITY_GROUPS: group})
     job = cluster.job("vpc-job")
     assert job.network == network
-    assert {r.subnet for r in cluster.repo.get_ranks(job)} == {subnet}
+    assert {r.subnet for r in cluster.repo.jobs.get_ranks(job)} == {subnet}
     cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
     cluster.sim.run_for(15 * MIN)
     assert cluster.job("vpc-job").attempt == 2
@@ -92,7 +92,7 @@ def test_an_awsvpc_job_without_its_security_groups_is_refused_loudly(cluster: Cl
     tells a task's subnet, never its security groups), Then it is not registered (a restart
     could not give its network again) and operators are told once what to add."""
     _awsvpc_job(cluster, "no-groups", _network(), {})
-    assert cluster.repo.get_job("no-groups") is None
+    assert cluster.repo.jobs.get_job("no-groups") is None
     (notice,) = cluster.notifications(NotificationKind.JOB_REFUSED.value)
     assert "awsvpc" in notice["subject"] and TAG_SECURITY_GROUPS in notice["message"]
     assert cluster.instance("node-a") is None or cluster.instance("node-a").state is InstanceState.AVAILABLE

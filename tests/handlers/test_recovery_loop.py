@@ -53,7 +53,7 @@ def test_ecc_fault_is_recovered_and_the_job_completes(cluster: Cluster) -> None:
     assert verdict["reasons"] and verdict["hostname"] == "node-b"
     assert cluster.counter("health_checks_started") == 1
     assert cluster.counter("reboots") == 1 and cluster.counter("reboots_ec2") == 1
-    ranks = cluster.repo.get_ranks(job)
+    ranks = cluster.repo.jobs.get_ranks(job)
     assert [r.attempt for r in ranks] == [2, 2]
     assert all(r.task_arn not in tasks for r in ranks)
     assert {t["key"]: t["value"] for t in ranks[1].tags}["gpu-recovery:attempt"] == "2"
@@ -153,7 +153,7 @@ def test_other_exit_codes_fail_without_health_check(cluster: Cluster) -> None:
     assert job.state is JobState.FAILED
     assert "exit code 137" in job.last_error
     assert cluster.counter("health_checks_started") == 0
-    ranks = cluster.repo.get_ranks(job)
+    ranks = cluster.repo.jobs.get_ranks(job)
     assert ranks[1].exit_code == 137 and ranks[0].state is RankState.STOPPED
 
 
@@ -200,7 +200,7 @@ def test_user_stop_is_not_recovered(cluster: Cluster) -> None:
 
     job = cluster.job("manual")
     assert job.state is JobState.USER_STOPPED
-    ranks = cluster.repo.get_ranks(job)
+    ranks = cluster.repo.jobs.get_ranks(job)
     assert [r.state for r in ranks] == [RankState.STOPPED, RankState.STOPPED]
     assert ranks[1].stop_reason.endswith("gpu-recovery: job stopped by a user")
     assert cluster.counter("health_checks_started") == 0
@@ -314,7 +314,7 @@ def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_inst
         assert job.state is JobState.PENDING_HEALTHCHECK
         assert set(cluster.repo.faults.labels(job)) == {cluster.sim.node("node-a").container_instance_id,
                                                         cluster.sim.node("node-b").container_instance_id}
-        history = [h for h in cluster.repo._jobs.get_item(
+        history = [h for h in cluster.repo.tables._jobs.get_item(
             Key={"job_id_rank": "wide#JOB"})["Item"]["history"] if h["to"] == "PENDING_HEALTHCHECK"]
         assert len(history) == 1
         cluster.sim.run_for(5 * MIN)
@@ -379,7 +379,7 @@ def test_dynamodb_outage_writes_nothing_half_way(cluster: Cluster) -> None:
     cluster.sim.run_for(2 * MIN + 30)
     job = cluster.job("ddb")
     assert job.state is JobState.RUNNING and not job.in_fault
-    assert [r.state for r in cluster.repo.get_ranks(job)] == [RankState.RUNNING, RankState.RUNNING]
+    assert [r.state for r in cluster.repo.jobs.get_ranks(job)] == [RankState.RUNNING, RankState.RUNNING]
     assert cluster.counter("health_checks_started") == 0
 
     cluster.local.faults.clear()
@@ -619,7 +619,7 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     assert sorted(t.node for t in cluster.sim.running_tasks()) == ["node-a", "node-b"]
     started = [t for t in cluster.sim.tasks.values() if t.tags.get(C.TAG_ATTEMPT) == "2"]
     assert len(started) == 2  # rank 1 started once, after the sweep took the restart over
-    history = cluster.repo._jobs.get_item(Key={"job_id_rank": "half#JOB"})["Item"]["history"]
+    history = cluster.repo.tables._jobs.get_item(Key={"job_id_rank": "half#JOB"})["Item"]["history"]
     to_running = [h for h in history if h["to"] == "RUNNING" and h["from"] == "STARTING"]
     assert len(to_running) == 1 and to_running[0]["actor"] == "recovery"
     assert to_running[0]["at"] >= max(t.created_at for t in started)

@@ -36,6 +36,6 @@ def tasks_body(world, *arns: str, node: str = NODE, ts: float | None = None) -> 
 def snapshot(world) -> list[dict[str, Any]]:
     ddb = world.local.client("dynamodb")
     items = []
-    for table in (world.repo.job_table_name, world.repo.instance_table_name):
+    for table in (world.repo.tables.job_table_name, world.repo.tables.instance_table_name):
         items += sorted(ddb.scan(TableName=table)["Items"], key=lambda i: json.dumps(i, sort_keys=True))
     return items

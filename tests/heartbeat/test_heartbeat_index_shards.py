@@ -36,7 +36,7 @@ def test_every_stale_rank_is_found_in_however_many_shards(shards: int) -> None:
     for r in range(40):
         rank = Rank("j", r, RankState.RUNNING, 1, task_arn("j", r), "td", "node-a")
         assert base.registrations.put_rank_registration(rank)
-        fresh = base.get_rank("j", r)
+        fresh = base.jobs.get_rank("j", r)
         assert fresh is not None
         assert repo.refresh_rank(fresh, repo.heartbeat_fields("j", r, T0 if r < 10 else T0 + 300, 90))
     keys = {item[HB_PK] for item in repo.stale_rank_items(T0 + 400)}

@@ -61,7 +61,7 @@ def _cluster(clk: ManualClock) -> tuple[HeartbeatService, PartitionThroughput]:
                                Notices(repo.notices, repo.faults, StubNotifier()), StubRecovery)
     for n in range(NODES):
         node, job = f"node{n:04d}", f"job{n:04d}"
-        repo.put_instance_if_absent(Instance(node))
+        repo.instances.put_instance_if_absent(Instance(node))
         repo.registrations.create_job_if_absent(Job(job, JobState.RUNNING, RANKS, created_at=T0,
                                                     updated_at=T0))
         for r in range(RANKS):

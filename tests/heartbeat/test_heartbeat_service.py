@@ -108,8 +108,9 @@ def test_terminal_job_is_never_revived(world) -> None:
     world.clock.advance(200)
     svc.sweep()
     assert world.job_state("j1") is JobState.NODE_LOST
-    world.repo.db.apply(world.repo.job_transition("j1", JobState.FAILED, from_states=[JobState.NODE_LOST],
-                                                  attempt=1, reason="operator", actor="test"))
+    world.repo.tables.db.apply(world.repo.jobs.job_transition("j1", JobState.FAILED,
+                                                              from_states=[JobState.NODE_LOST], attempt=1,
+                                                              reason="operator", actor="test"))
     result = world.report(svc, NODE, task_arn("j1", 0))
     assert result.revived == []
     assert world.job_state("j1") is JobState.FAILED
@@ -123,8 +124,8 @@ def test_terminal_rank_is_ignored_and_unindexed(world) -> None:
     ranks = world.seed_job("j1", world_size=1)
     svc = world.service()
     world.report(svc, NODE, task_arn("j1", 0))
-    assert world.repo.db.apply(world.repo.rank_update(ranks[0], RankState.DONE,
-                                                      from_states=[RankState.RUNNING]))
+    assert world.repo.tables.db.apply(world.repo.jobs.rank_update(ranks[0], RankState.DONE,
+                                                                  from_states=[RankState.RUNNING]))
     assert HB_PK not in world.item("j1#0")
     result = world.report(svc, NODE, task_arn("j1", 0), at=world.clock() + 1)
     assert result.refreshed == 0
@@ -298,7 +299,7 @@ def test_a_tripped_breaker_holds_the_quarantine_of_a_lost_node(world) -> None:
     assert loop.repo.breaker.save(decided.state, None)
     assert _lost_too_long(world, loop).failed == ["j1"]
     assert loop.ecs.drained == [] and loop.ecs.stop_calls == [task_arn("j1", 0)]
-    inst = loop.repo.get_instance(NODE)
+    inst = loop.repo.instances.get_instance(NODE)
     assert inst.state is InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
     assert inst.breaker_blocked["quarantine_only"] is True
     # Known bad all the same: cordoned (no new work) with the quarantine held.
@@ -508,7 +509,7 @@ def test_gpu_signal_does_not_clobber_recovery_states(world) -> None:
     """Given a node REBOOTING, When a hardware signal arrives, Then it stays REBOOTING
     (operators are still told once)."""
     world.seed_job("j1", world_size=1)
-    world.repo.db.apply(world.repo.instance_update(NODE, to=InstanceState.REBOOTING))
+    world.repo.tables.db.apply(world.repo.instances.instance_update(NODE, to=InstanceState.REBOOTING))
     svc = world.service()
     svc.report_gpu(NODE, world.clock(), [{**HEALTHY, "ecc_uncorrected_volatile": 3}])
     assert world.instance_state(NODE) is InstanceState.REBOOTING
@@ -586,8 +587,8 @@ def _charged_and_suspending(world, svc: HeartbeatService) -> HoldingRepository:
     now = world.clock()
     suspend = suspend_record(SuspendKind.PREEMPTED, "preempted by job h", grace_seconds=3600, now=now,
                              by_job="h", by_user="bob", by_priority=100)
-    assert SuspensionRepository(world.repo).request("j1", 1, suspend=suspend, deadline_at=now + 3600,
-                                                    reason="preempted", actor="scheduler")
+    assert SuspensionRepository(world.repo.jobs).request("j1", 1, suspend=suspend, deadline_at=now + 3600,
+                                                         reason="preempted", actor="scheduler")
     world.clock.advance(200)
     svc.sweep()
     assert world.job_state("j1") is JobState.SUSPENDING

@@ -60,9 +60,10 @@ def _return_node(world: Any, ecs: _EcsClient, *argv: str) -> int:
 def _quarantined(world: Any) -> tuple[RecoveryLoop, _EcsClient]:
     """A node the stack quarantined (DRAINING in ECS), repaired since."""
     loop = RecoveryLoop(world)
-    assert world.repo.put_instance_if_absent(Instance(NODE, state=InstanceState.QUARANTINED,
-                                                      container_instance_arn=NODE_ARN))
-    world.ddb.update_item(TableName=world.repo.instance_table_name, Key={"container_inst_id": {"S": NODE}},
+    assert world.repo.instances.put_instance_if_absent(Instance(NODE, state=InstanceState.QUARANTINED,
+                                                                container_instance_arn=NODE_ARN))
+    world.ddb.update_item(TableName=world.repo.tables.instance_table_name,
+                          Key={"container_inst_id": {"S": NODE}},
                           UpdateExpression="SET quarantine_reason = :r",
                           ExpressionAttributeValues={":r": {"S": "DCGM: replace (row remap failure)"}})
     return loop, _EcsClient("DRAINING")
@@ -108,7 +109,7 @@ def test_a_returned_suspect_node_that_fails_its_check_stays_suspect_for_a_person
     SUSPECT with the check's evidence, its origin saying the operator's return failed its
     check, and one e-mail."""
     loop = RecoveryLoop(world)
-    assert world.repo.put_instance_if_absent(Instance(NODE, container_instance_arn=NODE_ARN))
+    assert world.repo.instances.put_instance_if_absent(Instance(NODE, container_instance_arn=NODE_ARN))
     assert HeartbeatRepository(world.repo).flag_suspect(NODE, world.clock(), "Xid 79")
     ecs = _EcsClient("ACTIVE")
     assert _return_node(world, ecs) == 0

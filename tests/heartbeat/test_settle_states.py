@@ -15,10 +15,11 @@ def _restarting(world) -> None:
     the sweep's resume; rank 0 on NODE, rank 1 on NODE_B, both heartbeating."""
     world.seed_job("j1", world_size=2, nodes=(NODE, NODE_B), state=JobState.STARTING, attempt=2)
     now = world.clock()
-    world.repo.db.apply(Update(table=world.repo.job_table_name, key={JOB_PK: job_item_key("j1")},
-                               set_fields={"restarted_attempt": 2,
-                                           "start_fanout": {"attempt": 2, "at": now},
-                                           **world.repo.job_deadline_fields(now + 60)}))
+    tables = world.repo.tables
+    tables.db.apply(Update(table=tables.job_table_name, key={JOB_PK: job_item_key("j1")},
+                           set_fields={"restarted_attempt": 2,
+                                       "start_fanout": {"attempt": 2, "at": now},
+                                       **world.repo.jobs.job_deadline_fields(now + 60)}))
 
 
 def _silence_node_a(world, svc, seconds: int = 210) -> None:
@@ -71,7 +72,7 @@ def _moving(world, svc) -> SuspensionRepository:
     """A RUNNING job (both ranks on NODE, heartbeating) asked to move: SUSPENDING."""
     world.seed_job("j1")
     world.report(svc, NODE, task_arn("j1", 0), task_arn("j1", 1))
-    store = SuspensionRepository(world.repo)
+    store = SuspensionRepository(world.repo.jobs)
     bound = world.clock() + 3600
     assert store.request("j1", 1, suspend={"kind": "moved", "deadline_at": bound},
                          deadline_at=bound, reason="move", actor="test")

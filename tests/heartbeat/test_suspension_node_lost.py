@@ -126,17 +126,17 @@ def test_the_stop_of_a_failed_job_still_takes_its_ranks_out_of_the_heartbeat_ind
     loop = RecoveryLoop(world)
     world.report(loop.heartbeat, NODE_B, task_arn("j1", 0))
     world.report(loop.heartbeat, NODE, task_arn("j1", 1))
-    assert world.repo.finish_job("j1", 1, JobState.FAILED, "failed by a test", stop_ranks_of=1)
-    job = world.repo.get_job("j1")
+    assert world.repo.jobs.finish_job("j1", 1, JobState.FAILED, "failed by a test", stop_ranks_of=1)
+    job = world.repo.jobs.get_job("j1")
     assert job is not None and loop.service.gang.stop(job)
     for rank in (0, 1):
         assert world.rank_state("j1", rank) is RankState.STOP_REQUESTED
         assert HB_PK not in world.item(f"j1#{rank}")
 
 
-@pytest.mark.parametrize(("intent", "how"), [(None, ""), ("request_rank_stop", "lose"),
-                                             ("request_rank_stop", "refuse"), ("decisions.record", "lose"),
-                                             ("decisions.record", "refuse")])
+@pytest.mark.parametrize(("intent", "how"), [(None, ""), ("jobs.request_rank_stop", "lose"),
+                                             ("jobs.request_rank_stop", "refuse"),
+                                             ("decisions.record", "lose"), ("decisions.record", "refuse")])
 def test_a_node_lost_as_the_grace_ends_is_decided_as_soon_whatever_call_breaks(
         world, intent: str | None, how: str) -> None:
     """Given a 1-rank job preempted with a 2-minute grace whose node is lost as the grace starts,

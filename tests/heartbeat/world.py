@@ -150,7 +150,7 @@ class World:
         ranks = []
         for r in range(world_size):
             node = nodes[r % len(nodes)]
-            self.repo.put_instance_if_absent(Instance(
+            self.repo.instances.put_instance_if_absent(Instance(
                 node, container_instance_arn=f"arn:aws:ecs:us-east-1:123456789012:container-instance/"
                                              f"gpu-cluster/{node}", ec2_instance_id=f"i-{node[:17]}"))
             rank = Rank(job_id, r, rank_state, attempt, task_arn(job_id, r, attempt),
@@ -163,27 +163,27 @@ class World:
     def item(self, key: str) -> dict[str, Any]:
         from gpu_recovery.repository import from_ddb
 
-        table = aws.resource("dynamodb").Table(self.repo.job_table_name)
+        table = aws.resource("dynamodb").Table(self.repo.tables.job_table_name)
         return from_ddb(table.get_item(Key={"job_id_rank": key}, ConsistentRead=True).get("Item", {}))
 
     def node_item(self, node: str) -> dict[str, Any]:
         from gpu_recovery.repository import from_ddb
 
-        table = aws.resource("dynamodb").Table(self.repo.instance_table_name)
+        table = aws.resource("dynamodb").Table(self.repo.tables.instance_table_name)
         return from_ddb(table.get_item(Key={"container_inst_id": node}, ConsistentRead=True).get("Item", {}))
 
     def job_state(self, job_id: str) -> JobState:
-        job = self.repo.get_job(job_id)
+        job = self.repo.jobs.get_job(job_id)
         assert job is not None
         return job.state
 
     def rank_state(self, job_id: str, rank: int) -> RankState:
-        found = self.repo.get_rank(job_id, rank)
+        found = self.repo.jobs.get_rank(job_id, rank)
         assert found is not None
         return found.state
 
     def instance_state(self, node: str) -> InstanceState:
-        inst = self.repo.get_instance(node)
+        inst = self.repo.instances.get_instance(node)
         assert inst is not None
         return inst.state
 
@@ -210,7 +210,8 @@ class RecoveryLoop:
         self.ecs.agent_connected[NODE] = False
         self.ecs.spare_nodes = [f"spare-{i}" for i in range(cluster_nodes)]
         self.repo = Flaky(world.repo)
-        settings = Settings(world.repo.job_table_name, world.repo.instance_table_name, "gpu-cluster",
+        tables = world.repo.tables
+        settings = Settings(tables.job_table_name, tables.instance_table_name, "gpu-cluster",
                             "gpu-health-check", "topic", remediation=remediation or RemediationSettings())
         self.service = RecoveryService(self.repo, self.ecs, FakeRebooter(), world.notifier,  # type: ignore[arg-type]
                                        FakeVerdicts(), settings)
@@ -268,10 +269,10 @@ def rank_stopped(job: str, rank: int, node: str, *, reason: str = "gpu-recovery:
 def charge_quota(world: Any, job_id: str, nodes: int = 1) -> HoldingRepository:
     """The queue job holds ``nodes`` nodes of alice's quota (as the scheduler's launch claim wrote)."""
     quotas = QuotaRepository(aws.resource("dynamodb"), world.local.quota_table)
-    holding = HoldingRepository(world.repo, quotas)
+    holding = HoldingRepository(world.repo.jobs, quotas)
     charge = QuotaCharge("alice", 0, nodes)
-    assert world.repo.db.transact([
-        Update(table=world.repo.job_table_name, key={JOB_PK: job_item_key(job_id)},
+    assert world.repo.tables.db.transact([
+        Update(table=world.repo.tables.job_table_name, key={JOB_PK: job_item_key(job_id)},
                set_fields={"source": "queue", **holding.charge_fields(charge, world.clock())}),
         holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
     return holding

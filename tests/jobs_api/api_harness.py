@@ -189,7 +189,7 @@ def start_job(api: Api, job_id: str, *, state: str = "RUNNING",
     """Put a submitted job into ``state`` with real moto tasks behind its rank items."""
     from gpu_recovery.constants import JobState, RankState
     from gpu_recovery.domain.models import Rank
-    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository import records
 
     ecs = boto3.client("ecs", region_name=REGION)
     item = api.job_table.get_item(Key={"job_id_rank": f"{job_id}#JOB"})["Item"]
@@ -202,7 +202,7 @@ def start_job(api: Api, job_id: str, *, state: str = "RUNNING",
                               containerInstances=[instances[rank % len(instances)]])["tasks"][0]
         arns.append(task["taskArn"])
         ci_arn = instances[rank % len(instances)]
-        api.job_table.put_item(Item=Repository.rank_to_item(Rank(
+        api.job_table.put_item(Item=records.rank_to_item(Rank(
             job_id=job_id, rank=rank, state=RankState(rank_state), attempt=attempt,
             task_arn=task["taskArn"], task_definition_arn=spec["task_definition"],
             container_inst_id=ci_arn.rsplit("/", 1)[-1], container_instance_arn=ci_arn,

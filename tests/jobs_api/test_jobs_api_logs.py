@@ -96,7 +96,7 @@ def test_logs_of_an_earlier_attempt_read_the_task_the_rank_item_keeps(api: Api) 
     holds a job's task ARNs, which would grow with its ranks)."""
     from dataclasses import replace
 
-    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository import Repository, records
 
     _, job = api.submit()
     job_id = job["job_id"]
@@ -104,12 +104,12 @@ def test_logs_of_an_earlier_attempt_read_the_task_the_rank_item_keeps(api: Api) 
     for rank, arn in enumerate(old):
         _write_log(arn, [f"attempt one, rank {rank}"])
     repo = Repository(boto3.resource("dynamodb", region_name=REGION), JOB_TABLE, INSTANCE_TABLE)
-    first = [repo.get_rank(job_id, r) for r in range(2)]
+    first = [repo.jobs.get_rank(job_id, r) for r in range(2)]
     new = start_job(api, job_id, attempt=2)
     for rank, before in enumerate(first):
         assert before is not None
         restarted = replace(before, attempt=2, task_arn=new[rank], earlier_tasks=before.tasks_before(2))
-        api.job_table.put_item(Item=Repository.rank_to_item(restarted))
+        api.job_table.put_item(Item=records.rank_to_item(restarted))
         _write_log(new[rank], [f"attempt two, rank {rank}"])
     path = f"/v1/jobs/{job_id}/logs"
     for query, line in (({"attempt": "1"}, "attempt one, rank 0"),

@@ -208,8 +208,8 @@ def test_events_name_the_state_each_transition_really_left(api: Api) -> None:
                         (JobState.RUNNING, [JobState.STARTING, JobState.HUNG]),
                         (JobState.NODE_LOST, [JobState.STARTING, JobState.RUNNING])):
         api.tick(1)
-        assert repo.db.apply(repo.job_transition(job["job_id"], to, from_states=sources, attempt=None,
-                                                 reason="test", actor="recovery"))
+        assert repo.tables.db.apply(repo.jobs.job_transition(job["job_id"], to, from_states=sources,
+                                                             attempt=None, reason="test", actor="recovery"))
     events = api.call("GET", f"/v1/jobs/{job['job_id']}/events")[1]["events"]
     assert [(e["from"], e["to"]) for e in events] == [
         ("", "QUEUED"), ("QUEUED", "STARTING"), ("STARTING", "RUNNING"), ("RUNNING", "NODE_LOST")]

@@ -52,7 +52,7 @@ def test_the_playground_injects_a_notice_the_stack_acts_on() -> None:
         done = FaultInjector(world.ecs, None, None, lambda *_: None, world.repo).inject(body)  # type: ignore[arg-type]
         assert "Spot interruption warning" in done["detail"]
         world.ecs.run_for(5)
-        item = world.repo.get_instance_item(world.ecs.node("node-a").container_instance_id) or {}
+        item = world.repo.instances.get_instance_item(world.ecs.node("node-a").container_instance_id) or {}
         assert item["notice"]["kind"] == "spot_interruption" and item["cordon"]["notice"]
         assert any(d.rule == "ec2-capacity-notices" and d.ok for d in world.bus.deliveries)
 
@@ -94,7 +94,7 @@ def test_a_job_with_nowhere_to_go_waits_in_the_queue_with_the_notice_as_its_reas
         sim.run_for(30)
         announce(sim, "spot_interruption", "node-b")
         sim.run_for(5 * 60)
-        item = world.repo.get_job_item(job_id) or {}
+        item = world.repo.jobs.get_job_item(job_id) or {}
         assert item["job_state"] == C.JobState.SUSPENDED.value
         assert [m["outcome"] for m in item["moves"]] == ["moved"]
         assert "moved off a node AWS takes away: Spot interruption" in str(item.get("wait_reason"))

@@ -29,7 +29,7 @@ def job(job_id: str, state: str, **fields: Any) -> None:
 
 def test_a_job_nothing_will_reach_is_reported_and_one_the_sweep_or_queue_reaches_is_not() -> None:
     with world() as w:
-        bucket = w.repo.db.deadline_buckets()[0]
+        bucket = w.repo.tables.db.deadline_buckets()[0]
         job("lost", "PENDING_HEALTHCHECK")
         job("late", "PENDING_RESTART", **{C.DEADLINE_PK: bucket, C.DEADLINE_SK: NOW - OVERDUE_SECONDS - 60})
         job("due", "PENDING_HEALTHCHECK", **{C.DEADLINE_PK: bucket, C.DEADLINE_SK: NOW + 60})
@@ -45,7 +45,7 @@ def test_a_job_nothing_will_reach_is_reported_and_one_the_sweep_or_queue_reaches
 
 def test_a_node_in_validation_with_nothing_due_is_reported() -> None:
     with world() as w:
-        bucket = w.repo.db.deadline_buckets()[0]
+        bucket = w.repo.tables.db.deadline_buckets()[0]
         validation = {"since": NOW - 60, "until": NOW + 3600, "attempts": 0}
         put("instances", {C.INSTANCE_PK: "node-a", "instance_state": "REBOOTING", "validation": validation})
         put("instances", {C.INSTANCE_PK: "node-b", "instance_state": "REBOOTING", "validation": validation,

@@ -91,9 +91,9 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
     try:
         # Registration: instances, job, ranks; duplicates lose their condition.
         for n in range(4):
-            step(f"instance {n}", lambda n=n: repo.put_instance_if_absent(
+            step(f"instance {n}", lambda n=n: repo.instances.put_instance_if_absent(
                 Instance(f"n{n}", container_instance_arn=f"arn:ci/n{n}", ec2_instance_id=f"i-{n:04d}")))
-        step("instance again", lambda: repo.put_instance_if_absent(Instance("n0")))
+        step("instance again", lambda: repo.instances.put_instance_if_absent(Instance("n0")))
         job = Job(job_id="j1", state=JobState.RUNNING, world_size=4, attempt=1, max_recovery_attempts=3,
                   created_at=T0, updated_at=T0)
         step("job", lambda: repo.registrations.create_job_if_absent(job))
@@ -101,10 +101,10 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         for r in range(4):
             step(f"rank {r}", lambda r=r: repo.registrations.put_rank_registration(_rank(r)))
         step("rank 2 again", lambda: repo.registrations.put_rank_registration(_rank(2)))
-        step("get_ranks", lambda: repo.get_ranks(job))
+        step("get_ranks", lambda: repo.jobs.get_ranks(job))
         step("by task", lambda: repo.registrations.find_rank_by_task(_rank(3).task_arn))
         step("by task, unknown", lambda: repo.registrations.find_rank_by_task("arn:unknown"))
-        step("live on n1", lambda: repo.live_ranks_on_instance("n1"))
+        step("live on n1", lambda: repo.jobs.live_ranks_on_instance("n1"))
         step("mark running (not STARTING)", lambda: repo.rank_events.mark_running(_rank(1)))
         # A fault: node n0's suspect item (idempotent), then the job enters recovery with rank
         # 0's stop, atomically; a duplicate loses.
@@ -114,7 +114,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
                                                             retry_at=now[0] + 60))
         step("open suspect n0 again", lambda: faults.open_suspect("j1", 1, "n0", rank=0, record={"x": 1},
                                                                   now=now[0], retry_at=now[0] + 60))
-        rank0 = repo.get_rank("j1", 0)
+        rank0 = repo.jobs.get_rank("j1", 0)
         assert rank0 is not None
         stop0 = RankStop(rank0, RankState.FAILED, {"exit_code": 1, "stop_reason": "exit 1"})
         step("enter recovery", lambda: repo.rank_events.enter_recovery(
@@ -123,7 +123,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("enter recovery again", lambda: repo.rank_events.enter_recovery(
             "j1", 1, from_states=[JobState.RUNNING], reason="dup", now=now[0],
             deadline_at=now[0] + 60, rank_stop=stop0))
-        rank1 = repo.get_rank("j1", 1)
+        rank1 = repo.jobs.get_rank("j1", 1)
         assert rank1 is not None
         step("open suspect n1", lambda: faults.open_suspect("j1", 1, "n1", rank=1, record={"at": now[0]},
                                                             now=now[0], retry_at=now[0] + 60))
@@ -146,7 +146,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("latches complete", lambda: sorted(x.value for x in repo.latches.complete("j1", 1, 4)))
         step("latch suspects", lambda: sorted(repo.latches.suspect_nodes("j1", 1, 4)))
         # The ECS budget item (GCRA): granted, then refused with a wait.
-        budget = RateLimitRepository(repo)
+        budget = RateLimitRepository(repo.tables)
         bucket = TokenBucket(rate=10.0, burst=5)
         at = now[0]
         step("budget 5", lambda: budget.reserve(5, bucket, at))
@@ -159,12 +159,12 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("budget in turn, again", lambda: budget.reserve(1, bucket, at + 60, 0.25))
         step("budget after turns", lambda: budget.reserve(1, bucket, at + 60.05))
         step("budget after turns, again", lambda: budget.reserve(1, bucket, at + 60.05))
-        step("budget in turn, fresh item", lambda: RateLimitRepository(repo, "RATE#test-fresh").reserve(
-            3, bucket, at, 1.0))
-        step("stop rank 3", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
-        step("stop rank 3 again", lambda: repo.request_rank_stop(_rank(3), "restart", now[0]))
-        step("job", lambda: repo.get_job("j1"))
-        step("job item", lambda: repo.get_job_item("j1"))
+        fresh = RateLimitRepository(repo.tables, "RATE#test-fresh")
+        step("budget in turn, fresh item", lambda: fresh.reserve(3, bucket, at, 1.0))
+        step("stop rank 3", lambda: repo.jobs.request_rank_stop(_rank(3), "restart", now[0]))
+        step("stop rank 3 again", lambda: repo.jobs.request_rank_stop(_rank(3), "restart", now[0]))
+        step("job", lambda: repo.jobs.get_job("j1"))
+        step("job item", lambda: repo.jobs.get_job_item("j1"))
         # Health checks on the instance items, with the cluster's and the job's slots.
         step("open hc", lambda: repo.health_checks.open("n0", "j1", now=now[0], retry_at=now[0] + 60))
         step("open hc again", lambda: repo.health_checks.open("n0", "j1", now=now[0], retry_at=now[0] + 60))
@@ -172,7 +172,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("open hc unknown node", lambda: repo.health_checks.open("n7", "j1", now=now[0],
                                                                     retry_at=now[0] + 30))
         step("open hc n1", lambda: repo.health_checks.open("n1", "j1", now=now[0], retry_at=now[0] + 60))
-        n0 = repo.get_instance("n0")
+        n0 = repo.instances.get_instance("n0")
         assert n0 is not None
         # A cluster limit of 2 (two shards of one slot): n0's shard is shard 0, the one shard of
         # a limit of 1 (the cluster-full step below).
@@ -182,7 +182,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         # (Raced: with room on the slot items; a full share answers before the instance is tried.)
         step("claim hc again", lambda: repo.health_checks.claim(
             n0, "sb-1", now[0] + 75, owner="j1", per_job=4, cluster=5, now=now[0]).outcome.value)
-        n1 = repo.get_instance("n1")
+        n1 = repo.instances.get_instance("n1")
         assert n1 is not None
         step("claim hc, job full", lambda: repo.health_checks.claim(
             n1, "sb-3", now[0] + 75, owner="j1", per_job=1, cluster=5, now=now[0]).outcome.value)
@@ -201,41 +201,42 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("reap, old", lambda: repo.slots.reap(now[0] + 7200))
         step("running after reaping", lambda: repo.slots.running_by_shard())
         step("take over hc claim, leased", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.get_instance("n0"), now[0], now[0] + 75))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0], now[0] + 75))
         step("take over hc claim, lease ended", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.get_instance("n0"), now[0] + 100, now[0] + 175))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 100, now[0] + 175))
         step("record hc task", lambda: repo.node_tasks.record(
-            CHECK_CLAIM, repo.get_instance("n0"), "sb-1", "arn:hc-task", now[0] + 300))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), "sb-1", "arn:hc-task", now[0] + 300))
         step("record hc task, other claim", lambda: repo.node_tasks.record(
-            CHECK_CLAIM, repo.get_instance("n0"), "sb-2", "x", now[0]))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), "sb-2", "x", now[0]))
         step("take over hc claim, recorded", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.get_instance("n0"), now[0] + 1000, now[0] + 1075))
-        step("instances", lambda: repo.get_instances(["n0", "n1", "n7", "n9"]))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 1000, now[0] + 1075))
+        step("instances", lambda: repo.instances.get_instances(["n0", "n1", "n7", "n9"]))
         step("due instances", lambda: repo.deadlines.due_instances(now[0] + 3600))
         step("due instances, none yet", lambda: repo.deadlines.due_instances(T0))
         step("due jobs", lambda: repo.deadlines.due_job_items(now[0] + 3600))
         step("due jobs, one page of 1", lambda: repo.deadlines.due_job_items(now[0] + 3600, limit=1))
         # A transaction whose second update fails: nothing is written.
-        step("transaction cancelled", lambda: repo.db.transact([
-            repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"}),
-            repo.instance_update("n2", from_states=[InstanceState.QUARANTINED], set_fields={"mark": "y"})]))
-        step("transaction", lambda: repo.db.transact([
-            repo.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"},
-                                 increments={"count": 2}, add_to_sets={"tags": {"a", "b"}}),
-            repo.instance_update("n2", from_states=[InstanceState.AVAILABLE],
-                                 remove_fields=["ec2_instance_id"], deadline_at=now[0] + 10)]))
-        step("delete from set", lambda: repo.db.apply(repo.instance_update(
+        db, nodes = repo.tables.db, repo.instances
+        step("transaction cancelled", lambda: db.transact([
+            nodes.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"}),
+            nodes.instance_update("n2", from_states=[InstanceState.QUARANTINED], set_fields={"mark": "y"})]))
+        step("transaction", lambda: db.transact([
+            nodes.instance_update("n1", from_states=[InstanceState.AVAILABLE], set_fields={"mark": "x"},
+                                  increments={"count": 2}, add_to_sets={"tags": {"a", "b"}}),
+            nodes.instance_update("n2", from_states=[InstanceState.AVAILABLE],
+                                  remove_fields=["ec2_instance_id"], deadline_at=now[0] + 10)]))
+        step("delete from set", lambda: db.apply(nodes.instance_update(
             "n1", delete_from_sets={"tags": {"a"}}, increments={"count": -1})))
-        step("apply returning", lambda: repo.db.apply_returning(repo.instance_update(
+        step("apply returning", lambda: db.apply_returning(nodes.instance_update(
             "n3", set_fields={"nested": {"a": [1, 2, {"b": Decimal("2.5")}], "s": {"x"}}})))
-        step("apply returning, condition fails", lambda: repo.db.apply_returning(repo.instance_update(
+        step("apply returning, condition fails", lambda: db.apply_returning(nodes.instance_update(
             "n3", from_states=[InstanceState.REBOOTING], set_fields={"z": 1})))
         # The restart: PENDING_RESTART, the claim (once), rank launch leases.
-        step("to pending restart", lambda: repo.db.apply(repo.job_transition(
+        step("to pending restart", lambda: repo.tables.db.apply(repo.jobs.job_transition(
             "j1", JobState.PENDING_RESTART, from_states=[JobState.PENDING_HEALTHCHECK], attempt=1,
             reason="verdicts in", actor="test", set_fields={"fault.reboot": 1},
             remove_fields=["stop_fanout"])))
-        pending = repo.get_job("j1")
+        pending = repo.jobs.get_job("j1")
         assert pending is not None
         step("claim restart", lambda: repo.restarts.claim(pending, now=now[0], deadline_at=now[0] + 60))
         step("claim restart again", lambda: repo.restarts.claim(pending, now=now[0], deadline_at=now[0] + 60))
@@ -249,7 +250,7 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("confirm running", lambda: repo.restarts.confirm_running("j1", 2, "all running"))
         # Item size: an update that would pass 400 KB is refused, the item unchanged.
         step("too large",
-             lambda: repo.db.apply(repo.instance_update("n3", set_fields={"blob": "x" * 450_000})))
+             lambda: db.apply(nodes.instance_update("n3", set_fields={"blob": "x" * 450_000})))
         # Raw calls: paging through indexes, both orders, COUNT, ranges, ReturnValues.
         jobs = ddb.Table(JOBS)
         step("by-job-id pages", lambda: [i for page in _pages(
@@ -305,9 +306,9 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
             {"ConditionCheck": {"TableName": INSTANCES, "Key": {C.INSTANCE_PK: "n2"},
                                 "ConditionExpression": "attribute_not_exists(#k)",
                                 "ExpressionAttributeNames": {"#k": C.INSTANCE_PK}}}]))
-        step("same item twice in a transaction", lambda: repo.db.transact([
-            repo.instance_update("n1", set_fields={"a": 1}),
-            repo.instance_update("n1", set_fields={"b": 1})]))
+        step("same item twice in a transaction", lambda: repo.tables.db.transact([
+            repo.instances.instance_update("n1", set_fields={"a": 1}),
+            repo.instances.instance_update("n1", set_fields={"b": 1})]))
     finally:
         clock.reset_clock()
     return seen
@@ -412,11 +413,12 @@ def test_transactions_of_different_invocations_on_one_item_conflict_within_the_w
     ddb = _memory(context=lambda: ("fn", who[0]), now=lambda: now[0], tx_conflict_window=0.03)
     repo = Repository(ddb, JOBS, INSTANCES)
     for n in ("n1", "n2"):
-        repo.put_instance_if_absent(Instance(n))
+        repo.instances.put_instance_if_absent(Instance(n))
 
     def both() -> bool:
         ddb.meta.client.transact_write_items(TransactItems=[
-            repo.instance_update(n, set_fields={"x": who[0]}).transact_item() for n in ("n1", "n2")])
+            repo.instances.instance_update(n, set_fields={"x": who[0]}).transact_item()
+            for n in ("n1", "n2")])
         return True
 
     assert both()
@@ -448,11 +450,11 @@ def test_the_repository_retries_a_conflicting_transaction_after_the_window() -> 
     clock.set_clock(lambda: now[0], sleep)
     try:
         for n in ("n1", "n2"):
-            repo.put_instance_if_absent(Instance(n))
-        updates = [repo.instance_update(n, set_fields={"x": 1}) for n in ("n1", "n2")]
-        assert repo.db.transact(updates)
+            repo.instances.put_instance_if_absent(Instance(n))
+        updates = [repo.instances.instance_update(n, set_fields={"x": 1}) for n in ("n1", "n2")]
+        assert repo.tables.db.transact(updates)
         who[0] = "b"
-        assert repo.db.transact(updates)  # conflicted, waited, written
+        assert repo.tables.db.transact(updates)  # conflicted, waited, written
         assert ddb.meter.total.conflicts >= 1 and now[0] > 100.0
     finally:
         clock.reset_clock()
@@ -461,21 +463,21 @@ def test_the_repository_retries_a_conflicting_transaction_after_the_window() -> 
 def test_metering_counts_keys_requested_units_and_transactions_twice() -> None:
     ddb = _memory(context=lambda: ("ecs_task_handler", "inv-1"))
     repo = Repository(ddb, JOBS, INSTANCES)
-    repo.put_instance_if_absent(Instance("n1"))
+    repo.instances.put_instance_if_absent(Instance("n1"))
     ddb.meter.reset()
-    assert repo.get_instances(["n1", "n2", "n3"]).keys() == {"n1"}
+    assert repo.instances.get_instances(["n1", "n2", "n3"]).keys() == {"n1"}
     usage = ddb.meter.by_label["ecs_task_handler"]
     assert (usage.items_read, usage.read_units, usage.calls["BatchGetItem"]) == (3, 3.0, 1)
     ddb.Table(INSTANCES).put_item(Item={C.INSTANCE_PK: "big", "pad": "x" * 5000})
     ddb.meter.reset()
-    assert repo.db.transact([repo.instance_update("n1", set_fields={"a": 1}),
-                             repo.instance_update("big", set_fields={"a": 1})])
+    assert repo.tables.db.transact([repo.instances.instance_update("n1", set_fields={"a": 1}),
+                                    repo.instances.instance_update("big", set_fields={"a": 1})])
     usage = ddb.meter.total
     assert usage.items_written == 2
     assert usage.write_units == 2 * 1 + 2 * 5  # 1 KB rounded up, twice in a transaction
     assert usage.largest_item_bytes > 5000 and usage.largest_item == f"{INSTANCES}:big"
     ddb.meter.reset()
-    assert repo.get_instance("missing") is None  # a missing item still costs a read
+    assert repo.instances.get_instance("missing") is None  # a missing item still costs a read
     assert (ddb.meter.total.items_read, ddb.meter.total.read_units) == (1, 1.0)
 
 

@@ -52,11 +52,17 @@ class Rank:
 
 
 class Tables:
+    """The stack's repository as the injector reads it: its jobs aggregate's two reads."""
+
     def __init__(self, jobs: set[str], heartbeats: dict[tuple[str, int], float | None]) -> None:
-        self.jobs, self.heartbeats = jobs, heartbeats
+        self.job_ids, self.heartbeats = jobs, heartbeats
+
+    @property
+    def jobs(self) -> Tables:
+        return self
 
     def get_job(self, job_id: str) -> Any:
-        return object() if job_id in self.jobs else None
+        return object() if job_id in self.job_ids else None
 
     def get_rank(self, job_id: str, rank: int) -> Rank | None:
         if (job_id, rank) not in self.heartbeats:

@@ -136,10 +136,10 @@ def test_dynamodb_calls_broken_in_their_shapes_on_either_backend(backend: str) -
         key = "job_id_rank"
         writes = [Update(local.job_table, {key: f"j#{i}"}, set_fields={"state": "RUNNING"}) for i in range(4)]
         local.call_faults.arm(1, CANCELLED_THROTTLED)
-        assert repo.db.transact(writes) is True
+        assert repo.tables.db.transact(writes) is True
         assert [c.operation for c in local.call_faults.calls] == ["TransactWriteItems", "TransactWriteItems"]
         local.call_faults.arm(1, UNPROCESSED_KEYS)
-        found = repo.db.batch_get(local.job_table, [{key: f"j#{i}"} for i in range(4)])
+        found = repo.tables.db.batch_get(local.job_table, [{key: f"j#{i}"} for i in range(4)])
         assert sorted(i[key] for i in found) == [f"j#{i}" for i in range(4)]
         assert [c.operation for c in local.call_faults.calls] == ["BatchGetItem", "BatchGetItem"]
         assert local.answers.given == [("dynamodb", "TransactWriteItems", CANCELLED_THROTTLED),

@@ -36,7 +36,7 @@ def test_a_ranks_stopped_event_reaches_the_task_handler_through_the_bus() -> Non
         to_handler = [d for d in world.bus.deliveries
                       if d.rule == "training-task-state" and d.target == "ecs_task_handler" and d.ok]
         assert any(d.duplicate for d in to_handler)
-        assert runtime.recovery_service().repo.get_job("one-rank").state is C.JobState.COMPLETE
+        assert runtime.recovery_service().repo.jobs.get_job("one-rank").state is C.JobState.COMPLETE
 
 
 def test_a_job_registered_by_its_tags_alone_is_registered_through_the_tag_lookup_worker() -> None:
@@ -58,10 +58,10 @@ def test_a_job_registered_by_its_tags_alone_is_registered_through_the_tag_lookup
         (lookup,) = world.bus.delivered_to("tag_lookup_worker")
         assert lookup.ok and lookup.result == {"batchItemFailures": []}
         repo = world.repo
-        job = repo.get_job("by-tags")
+        job = repo.jobs.get_job("by-tags")
         assert job is not None and job.state is C.JobState.RUNNING and job.world_size == 2
         assert world.job("by-tags")["source"] == "ecs-tags"
-        assert [(r.rank, r.task_arn) for r in repo.get_ranks(job)] == list(enumerate(arns))
+        assert [(r.rank, r.task_arn) for r in repo.jobs.get_ranks(job)] == list(enumerate(arns))
 
 
 def _tag_registered_job(fault: int | None) -> tuple[list[Any], Any, list[Any], Any]:
@@ -76,7 +76,7 @@ def _tag_registered_job(fault: int | None) -> tuple[list[Any], Any, list[Any], A
         world.ecs.run_for(600)
         faults = world.aws.call_faults
         return list(faults.calls), faults.fired, world.bus.delivered_to("tag_lookup_worker"), \
-            world.repo.get_job("by-tags")
+            world.repo.jobs.get_job("by-tags")
 
 
 def test_a_failed_tag_lookup_comes_back_after_the_claims_lease_not_the_queues_visibility_timeout() -> None:

@@ -96,11 +96,11 @@ class Record:
         body = str(params.get("Message", ""))
         job_id = attributes.get("job_id") or ""
         ids = set(re.findall(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", body))
-        instances = {i: repo.get_instance_item(i) or {} for i in ids}
+        instances = {i: repo.instances.get_instance_item(i) or {} for i in ids}
         self.mails.append(Mail(
             self._next(), self.world.ecs.now(), str(attributes.get(C.NOTIFICATION_KIND_ATTRIBUTE)),
             str(params.get("Subject", "")), body,
-            (repo.get_job_item(job_id) or {}) if job_id not in ("", "-") else {},
+            (repo.jobs.get_job_item(job_id) or {}) if job_id not in ("", "-") else {},
             {i: item for i, item in instances.items() if item}, dict(repo.breaker.read() or {})))
         return None
 
@@ -144,10 +144,10 @@ class Record:
         return [t for t in self.world.ecs.tasks.values() if t.health_check and t.node == node]
 
     def final_job(self, job_id: str) -> dict[str, Any]:
-        return self.world.repo.get_job_item(job_id) or {}
+        return self.world.repo.jobs.get_job_item(job_id) or {}
 
     def final_instance(self, container_instance_id: str) -> dict[str, Any]:
-        return self.world.repo.get_instance_item(container_instance_id) or {}
+        return self.world.repo.instances.get_instance_item(container_instance_id) or {}
 
 
 # ---------------------------------------------------------------------- the claims
@@ -335,7 +335,7 @@ def _nothing_stopped(record: Record, mail: Mail, _m: re.Match[str]) -> str | Non
 
 
 def _not_registered(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
-    job = record.world.repo.get_job(mail.job_id)
+    job = record.world.repo.jobs.get_job(mail.job_id)
     ranks = [t for t in record.tasks(mail.job_id) if record.world.repo.registrations.find_rank_by_task(t.arn)]
     return f"registered: job {job is not None}, {len(ranks)} rank(s)" if job or ranks else None
 
@@ -469,7 +469,7 @@ def _no_job_there(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
 
 def _stays_cordoned(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     node = mail.field("Container instance")
-    item = record.world.repo.get_instance_item(node) or {}
+    item = record.world.repo.instances.get_instance_item(node) or {}
     return None if item.get("cordon") else f"{node} is not cordoned at the end"
 
 
@@ -481,7 +481,7 @@ def _drained_and_stays_cordoned(record: Record, mail: Mail, m: re.Match[str]) ->
 
 def _node_kept_out(record: Record, mail: Mail, m: re.Match[str]) -> str | None:
     node = m.group(1)
-    item = mail.instances.get(node) or record.world.repo.get_instance_item(node) or {}
+    item = mail.instances.get(node) or record.world.repo.instances.get_instance_item(node) or {}
     return None if item.get("cordon") else f"{node} was not cordoned"
 
 

@@ -219,7 +219,7 @@ def test_a_passing_preflight_lets_every_rank_train_and_learns_its_run_once(w: Wo
     )
     assert again["accepted"] is False and again["action"] == "train"
     assert w.repo.preflight.baselines("8gpu", [4])[4].sample_ids == ("j#1",)  # not learned twice
-    assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
+    assert w.repo.jobs.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
 def test_the_preflight_is_its_own_cause_in_the_jobs_goodput_ledger(w: World) -> None:
@@ -231,7 +231,7 @@ def test_the_preflight_is_its_own_cause_in_the_jobs_goodput_ledger(w: World) -> 
     w.advance(30)
     assert Ranks(w, "j", nodes, Fabric()).run() == {r: "train" for r in range(4)}
     w.advance(100)
-    seconds = goodput_view(w.repo.get_job_item("j"))["seconds"]
+    seconds = goodput_view(w.repo.jobs.get_job_item("j"))["seconds"]
     assert seconds["preflight"] == pytest.approx(30)
     assert seconds["productive"] == pytest.approx(100)
 
@@ -251,7 +251,7 @@ def test_a_degraded_link_pinned_to_its_two_ends_gets_the_stacks_own_check_not_a_
     assert sorted(p["node"] for p in item["pinned"]) == ["node-2", "node-5"]
     assert ranks.rounds <= 2 * math.ceil(math.log2(8))
     assert len(item["summary"]) == ranks.rounds and item["summary"][0].startswith("round 1: gang of 8 slow")
-    job = w.repo.get_job("j")
+    job = w.repo.jobs.get_job("j")
     assert job.state is JobState.PENDING_HEALTHCHECK and len(w.ecs.stop_calls) == 8
     suspect = w.repo.faults.get_suspect("j", 1, "node-2")
     assert suspect is not None and suspect.record["evidence"]["trigger"] == Trigger.PREFLIGHT.value
@@ -269,8 +269,9 @@ def test_a_degraded_link_pinned_to_its_two_ends_gets_the_stacks_own_check_not_a_
     for [task] in checks:
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # the diag passes
     assert w.rebooter.calls == []
-    assert {w.repo.get_instance(n).state for n in ("node-2", "node-5")} == {C.InstanceState.AVAILABLE}
-    job = w.repo.get_job("j")  # restarted (attempt 2), spending no budget
+    states = {w.repo.instances.get_instance(n).state for n in ("node-2", "node-5")}
+    assert states == {C.InstanceState.AVAILABLE}
+    job = w.repo.jobs.get_job("j")  # restarted (attempt 2), spending no budget
     assert job.attempt == 2 and job.recoveries_used == 0 and job.app_restarts_used == 0
 
 
@@ -296,7 +297,7 @@ def test_a_node_whose_rank_never_reports_is_pinned_when_the_round_times_out(w: W
     assert (
         "never reported" in item["pinned"][0]["reason"] and "no report from rank(s) 3" in item["summary"][0]
     )
-    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
 
 
 def test_a_gang_that_hangs_is_searched_and_the_hanging_node_pinned(w: World) -> None:
@@ -330,7 +331,7 @@ def test_slowness_everywhere_pins_nothing_and_the_job_trains(w: World) -> None:
     assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"train"}
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "inconclusive" and "not a few nodes" in item["verdict"]
-    assert w.repo.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
+    assert w.repo.jobs.get_job("j").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
 def test_a_handover_whose_delivery_died_is_finished_by_the_sweep(w: World) -> None:
@@ -343,12 +344,12 @@ def test_a_handover_whose_delivery_died_is_finished_by_the_sweep(w: World) -> No
         Ranks(w, "j", nodes, fabric).run()
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "pinned" and not item["handed_over"] and item.get(C.DEADLINE_SK)
-    assert w.repo.get_job("j").state is JobState.RUNNING
+    assert w.repo.jobs.get_job("j").state is JobState.RUNNING
     assert w.service.preflights.step("j", 1, 1)["action"] == "stop"  # the ranks wait to be stopped
     w.advance(61)
     w.service.sweep()
     assert w.repo.preflight.get("j", 1)["handed_over"] is True
-    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK and len(w.ecs.stop_calls) == 2
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK and len(w.ecs.stop_calls) == 2
     w.service.sweep()  # nothing more: out of the deadline index
     assert w.repo.preflight.get("j", 1).get(C.DEADLINE_SK) is None
 
@@ -404,16 +405,16 @@ def test_the_handover_fences_the_pinned_node_and_reserves_the_jobs_nodes_before_
     assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"stop"}
     item = w.repo.preflight.get("j", 1)
     assert item["handed_over"] is True and [p["node"] for p in item["pinned"]] == ["node-1"]
-    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
     # No sweep has run: the handover's own invocation did it.
-    pinned = w.repo.get_instance("node-1")
+    pinned = w.repo.instances.get_instance("node-1")
     assert pinned.fenced and not pinned.placeable
     assert pinned.suspect_fence["job"] == "j"
     holds = w.repo.cordons.worklist().holds
     for node in nodes:
         assert holds[node]["why"] == placement.RESERVED and holds[node]["job"] == "j", node
         assert w.ecs.attribute_values[node][placement.UNAVAILABLE_ATTRIBUTE] == placement.RESERVED, node
-    assert all(w.repo.get_instance(n).placeable for n in nodes if n != "node-1")
+    assert all(w.repo.instances.get_instance(n).placeable for n in nodes if n != "node-1")
 
 
 def test_a_handover_run_again_by_the_sweep_fences_and_reserves_once_the_job_is_in_recovery(w: World) -> None:
@@ -425,13 +426,13 @@ def test_a_handover_run_again_by_the_sweep_fences_and_reserves_once_the_job_is_i
     with pytest.raises(TimeoutError):
         Ranks(w, "j", nodes, fabric).run()
     # Not in recovery: no fence (the sweep would check a fenced node alone, for nothing).
-    assert not any(w.repo.get_instance(n).fenced for n in nodes)
+    assert not any(w.repo.instances.get_instance(n).fenced for n in nodes)
     w.advance(61)
     w.service.sweep()
     assert w.repo.preflight.get("j", 1)["handed_over"] is True
-    assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
     for node in nodes:  # fenced until judged (or judged already), held, never checked alone
-        instance = w.repo.get_instance(node)
+        instance = w.repo.instances.get_instance(node)
         assert instance.fenced or instance.state is not C.InstanceState.AVAILABLE, node
         assert w.ecs.attribute_values[node][placement.UNAVAILABLE_ATTRIBUTE], node
         assert w.ecs.health_checks_on(node) == [], node
@@ -452,12 +453,12 @@ def test_loopbacks_failing_alike_on_every_node_end_the_job_told_why_and_pin_no_n
     assert item["status"] == "job_fault" and "own image or code" in item["verdict"]
     assert {w.service.preflights.step("broken", r, 1)["action"] for r in range(2)} == {"stop"}
     w.service.sweep()
-    job = w.repo.get_job("broken")
+    job = w.repo.jobs.get_job("broken")
     assert job.state is JobState.FAILED and "own image or code failed the gang preflight" in job.last_error
     assert job.recoveries_used == 0 and job.app_restarts_used == 0
     assert w.repo.faults.suspects("broken", 1) == []
     assert all(w.ecs.health_checks_on(n) == [] for n in nodes) and w.rebooter.calls == []
-    assert all(not w.repo.get_instance(n).cordoned for n in nodes)
+    assert all(not w.repo.instances.get_instance(n).cordoned for n in nodes)
     assert [n.kind for n in w.notifier.sent] == [C.NotificationKind.FAILED]
     assert w.repo.preflight.get("broken", 1)["handed_over"] is True
 
@@ -514,20 +515,20 @@ def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: Wo
     assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 1  # one fault, both ends
     limited = C.NotificationKind.TENANT_EVIDENCE_LIMITED
     assert not [n for n in w.notifier.sent if n.kind is limited]
-    assert w.repo.get_job("j").attempt == 2
+    assert w.repo.jobs.get_job("j").attempt == 2
     second = Ranks(w, "j", nodes, fabric)
     second.attempt = 2
     _pinned_then_cleared(w, second, len(w.ecs.stop_calls))
     assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 2
     told = [n for n in w.notifier.sent if n.kind is limited]
     assert len(told) == 1 and "no longer moves nodes" in told[0].subject
-    assert w.repo.get_job("j").attempt == 3
+    assert w.repo.jobs.get_job("j").attempt == 3
     third = Ranks(w, "j", nodes, fabric)
     third.attempt = 3
     assert set(third.run().values()) == {"train"}  # the link still fails, nothing is pinned
     item = w.repo.preflight.get("j", 3)
     assert item["status"] == "inconclusive" and "pins are not handed over" in item["verdict"]
-    assert w.repo.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []
+    assert w.repo.jobs.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []
 
 
 def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fault(w: World) -> None:
@@ -541,7 +542,7 @@ def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fau
     w.service.sweep()
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "inconclusive" and "no node reported" in item["verdict"]
-    assert w.repo.get_job("j").state is JobState.RUNNING and w.repo.faults.suspects("j", 1) == []
+    assert w.repo.jobs.get_job("j").state is JobState.RUNNING and w.repo.faults.suspects("j", 1) == []
 
 
 def test_a_clearance_is_counted_with_its_decision_whatever_is_lost_after_the_commit(w: World) -> None:
@@ -573,7 +574,7 @@ def test_a_clearance_is_counted_with_its_decision_whatever_is_lost_after_the_com
             w.advance(61)
             w.service.sweep()
     assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 2
-    assert w.repo.get_job("j").attempt == 3
+    assert w.repo.jobs.get_job("j").attempt == 3
     third = Ranks(w, "j", nodes, fabric)
     third.attempt = 3
     assert set(third.run().values()) == {"train"}

@@ -74,7 +74,7 @@ def test_an_awsvpc_queue_job_is_launched_and_gang_restarted_with_its_network(qc:
     assert [t.attachments[0]["details"][0] for t in tasks] == [{"name": "subnetId", "value": subnet}] * 2
     qc.sim.inject_gpu_fault(tasks[1].node, after=MIN, health="reboot_fixable")
     qc.sim.run_for(15 * MIN)
-    assert qc.repo.get_job(job).attempt == 2 and qc.state(job) is JobState.RUNNING
+    assert qc.repo.jobs.get_job(job).attempt == 2 and qc.state(job) is JobState.RUNNING
     restarted = qc.live_tasks(job)
     assert len(restarted) == 2 and {t.arn for t in restarted}.isdisjoint(t.arn for t in tasks)
     assert all(t.attachments[0]["details"][0] == {"name": "subnetId", "value": subnet} for t in restarted)

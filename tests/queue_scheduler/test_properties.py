@@ -36,9 +36,9 @@ ops = st.one_of(
 def cancel(qc, job_id: str) -> None:
     """What the queue API does for a waiting job: leave the queue index atomically."""
     repo = qc.repo
-    repo.db.apply(repo.job_transition(job_id, JobState.CANCELED, from_states=sorted(WAITING), attempt=None,
-                                      reason="canceled by user", actor="api",
-                                      remove_fields=[C.QUEUE_PK, C.QUEUE_SK]))
+    repo.tables.db.apply(repo.jobs.job_transition(job_id, JobState.CANCELED, from_states=sorted(WAITING),
+                                                  attempt=None, reason="canceled by user", actor="api",
+                                                  remove_fields=[C.QUEUE_PK, C.QUEUE_SK]))
 
 
 def check_invariants(qc, capacity: dict[str, int]) -> None:

@@ -53,8 +53,8 @@ def test_an_unhealthy_node_is_no_spare_and_a_healed_one_returns_to_the_pool(qc):
     two start (one healthy node is kept as the spare); When node-3 is healthy again, Then
     it counts in the pool again and the third job takes the other free node."""
     node = qc.sim.node("node-3")
-    qc.repo.put_instance_if_absent(Instance(node.container_instance_id, InstanceState.QUARANTINED,
-                                            node.container_instance_arn, node.instance_id))
+    qc.repo.instances.put_instance_if_absent(Instance(node.container_instance_id, InstanceState.QUARANTINED,
+                                                      node.container_instance_arn, node.instance_id))
     jobs = [qc.submit(nnodes=1, gpus=8) for _ in range(3)]
     assert qc.scheduler(spares=SparePool(1)).tick().admitted == jobs[:2]
     aws.resource("dynamodb").Table(qc.local.instance_table).update_item(  # healed (remediation's write)

@@ -37,7 +37,8 @@ def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
         bad_placements: list[str] = []
         for _ in range(14):
             # What the loop knows before the tick: nodes not AVAILABLE, or cordoned.
-            instances = qc.repo.get_instances([qc.sim.node(n).container_instance_id for n in qc.sim.nodes])
+            instances = qc.repo.instances.get_instances([qc.sim.node(n).container_instance_id
+                                                          for n in qc.sim.nodes])
             bad = {name for name in qc.sim.nodes
                    if (inst := instances.get(qc.sim.node(name).container_instance_id)) is not None
                    and (inst.state is not InstanceState.AVAILABLE or inst.cordoned)}
@@ -49,7 +50,7 @@ def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
                         bad_placements.append(f"{task.tags.get(C.TAG_JOB_ID)} on {task.node}")
             qc.sim.run_for(MIN)
         breaker = qc.repo.breaker.read() or {}
-        held = qc.repo.get_instance(qc.sim.node("node-7").container_instance_id)
+        held = qc.repo.instances.get_instance(qc.sim.node("node-7").container_instance_id)
         assert breaker.get("state") == "tripped"
         assert held.state is InstanceState.SUSPECT and held.cordoned
         assert _cordoned_in_ecs(qc) == {"node-7"}  # the rebooted ones are back: uncordoned
@@ -57,6 +58,6 @@ def test_a_fault_storm_places_nothing_on_a_held_or_rebooting_node() -> None:
         assert not [t for t in qc.live_tasks() if t.node == "node-7"]
         failed = [j for j in jobs if qc.state(j) is JobState.FAILED]
         assert failed == [], [qc.item(j).get("last_error") for j in failed]
-        pinned = qc.repo.get_job("pinned")
+        pinned = qc.repo.jobs.get_job("pinned")
         assert (pinned.state, pinned.recoveries_used) == (JobState.HELD, 0), pinned.last_error
         assert pinned.breaker_hold is not None and pinned.breaker_hold.nodes == (held.container_inst_id,)

@@ -76,7 +76,7 @@ def test_launches_a_gang_with_rendezvous_env_tags_and_started_by(qc):
                              C.TAG_ATTEMPT: "1"}
         assert task.started_by == launcher_mod.started_by(job, 1, rank)
         assert len(task.started_by) <= 36 and task.overrides["containerOverrides"][0]["name"] == "trainer"
-        rank_item = qc.repo.get_rank(job, rank)
+        rank_item = qc.repo.jobs.get_rank(job, rank)
         assert rank_item.task_arn == task.arn and rank_item.attempt == 1
     qc.sim.run_for(30)
     assert qc.state(job) is JobState.RUNNING
@@ -121,8 +121,8 @@ def test_skips_nodes_the_recovery_loop_owns_or_ecs_cannot_use(qc):
     Then the 2x8 job cannot start and the 1x8 job starts on node-3."""
     for name, state in (("node-0", InstanceState.REBOOTING), ("node-1", InstanceState.QUARANTINED)):
         node = qc.sim.node(name)
-        qc.repo.put_instance_if_absent(Instance(node.container_instance_id, state,
-                                                node.container_instance_arn, node.instance_id))
+        qc.repo.instances.put_instance_if_absent(Instance(node.container_instance_id, state,
+                                                          node.container_instance_arn, node.instance_id))
     qc.sim.node("node-2").agent_connected = False
     two = qc.submit(nnodes=2, gpus=8)
     one = qc.submit(nnodes=1, gpus=8)
@@ -141,8 +141,8 @@ def test_skips_a_cordoned_node_whatever_its_state_says(qc):
 
     for name in ("node-0", "node-1", "node-2"):
         node = qc.sim.node(name)
-        qc.repo.put_instance_if_absent(Instance(node.container_instance_id, InstanceState.AVAILABLE,
-                                                node.container_instance_arn, node.instance_id))
+        qc.repo.instances.put_instance_if_absent(Instance(node.container_instance_id, InstanceState.AVAILABLE,
+                                                          node.container_instance_arn, node.instance_id))
         assert qc.repo.cordons.cordon(node.container_instance_id, cordon_record(
             cause="xid-79", reason="test", now=1.0, ecs=ECS_APPLIED), 1.0)
     one = qc.submit(nnodes=1, gpus=8)
@@ -363,7 +363,7 @@ def test_crash_between_start_task_and_its_write_never_duplicates_a_rank(qc, monk
     assert [r["action"] for r in result.resumed] == ["resumed"]
     assert qc.sim.counters["tasks_started"] == started
     assert len(qc.live_tasks(job)) == 2
-    assert {qc.repo.get_rank(job, r).task_arn for r in (0, 1)} == {t.arn for t in qc.live_tasks(job)}
+    assert {qc.repo.jobs.get_rank(job, r).task_arn for r in (0, 1)} == {t.arn for t in qc.live_tasks(job)}
     assert qc.item(job)["launched_at"] is not None
     assert qc.scheduler().tick().resumed == []  # the ledger entry is gone
 
@@ -390,7 +390,7 @@ def test_crash_before_start_task_starts_the_missing_rank_once(qc, monkeypatch):
     plan = qc.item(job)["launch"]
     from gpu_recovery.repository.scheduling import SchedulingRepository
 
-    nodes, _ = SchedulingRepository(qc.repo).plan_nodes(job, plan["attempt"], plan["world_size"])
+    nodes, _ = SchedulingRepository(qc.repo.jobs).plan_nodes(job, plan["attempt"], plan["world_size"])
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["resumed"]
@@ -410,8 +410,9 @@ def test_canceled_while_half_launched_stops_the_orphan(qc, monkeypatch):
     with pytest.raises(RuntimeError):
         qc.scheduler().tick()
     monkeypatch.undo()
-    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
-                                            attempt=None, reason="user cancel", actor="api"))
+    qc.repo.tables.db.apply(qc.repo.jobs.job_transition(job, JobState.CANCELED,
+                                                        from_states=[JobState.STARTING], attempt=None,
+                                                        reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["abandoned"]
@@ -429,8 +430,9 @@ def test_an_abandoned_launch_looks_up_only_its_first_rank_not_registered(qc, mon
     job = qc.submit(nnodes=4, gpus=8)
     tick_that_dies_registering(qc, monkeypatch, 2)
     assert len(qc.live_tasks(job)) == 3
-    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELED, from_states=[JobState.STARTING],
-                                            attempt=None, reason="user cancel", actor="api"))
+    qc.repo.tables.db.apply(qc.repo.jobs.job_transition(job, JobState.CANCELED,
+                                                        from_states=[JobState.STARTING], attempt=None,
+                                                        reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     sched = qc.scheduler()
     lookups: list[str] = []
@@ -645,8 +647,9 @@ def test_canceled_before_any_rank_started_reaches_canceled(qc, monkeypatch):
         sched.tick()
     monkeypatch.undo()
     assert qc.live_tasks(job) == []
-    qc.repo.db.apply(qc.repo.job_transition(job, JobState.CANCELING, from_states=[JobState.STARTING],
-                                            attempt=None, reason="user cancel", actor="api"))
+    qc.repo.tables.db.apply(qc.repo.jobs.job_transition(job, JobState.CANCELING,
+                                                        from_states=[JobState.STARTING], attempt=None,
+                                                        reason="user cancel", actor="api"))
     qc.sim.run_for(150)
     result = qc.scheduler().tick()
     assert [r["action"] for r in result.resumed] == ["abandoned"]
@@ -713,8 +716,8 @@ def test_a_node_that_frees_is_reserved_for_a_relocatable_job_waiting_for_one(qc)
         steal_gpus(qc, node)
     now = qc.sim.now()
     wait = RelocationWait.start("waiting-job", 1, now, 1800, ["gone-node"], [8], "node(s) unusable")
-    item = {**qc.repo.job_to_item(Job("waiting-job", JobState.PENDING_RESTART, world_size=2)),
-            "relocation_wait": wait.to_item(), **qc.repo.job_deadline_fields(now + 60)}
+    item = {**qc.repo.jobs.job_to_item(Job("waiting-job", JobState.PENDING_RESTART, world_size=2)),
+            "relocation_wait": wait.to_item(), **qc.repo.jobs.job_deadline_fields(now + 60)}
     qc.table().put_item(Item=to_ddb(item))
     queued = qc.submit(nnodes=1, gpus=8)
     scheduler = qc.scheduler()
@@ -752,7 +755,7 @@ def test_a_launch_yields_at_the_tick_s_time_budget_and_the_next_tick_finishes_it
     [launch] = first.launches
     assert launch["action"] == "interrupted" and launch["reason"] == "time budget: 2 of 3 ranks started"
     assert qc.sim.counters["tasks_started"] == started + 2 and qc.item(job).get("launched_at") is None
-    assert {qc.repo.get_rank(job, r).attempt for r in (0, 1)} == {1}
+    assert {qc.repo.jobs.get_rank(job, r).attempt for r in (0, 1)} == {1}
     elapsed[0] = 0.0
     second = sched.tick(time_budget_seconds=45)
     assert [r["action"] for r in second.resumed] == ["resumed"]

@@ -361,10 +361,12 @@ class Flaky:
     """Wraps the repository: the named intent executes, then raises (lost response),
     or raises without executing (refused), once."""
 
-    def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "") -> None:
+    def __init__(self, repo: Any, faults: dict[str, str] | None = None, prefix: str = "",
+                 parent: Flaky | None = None) -> None:
         self._repo = repo
         self._faults: dict[str, str] = {} if faults is None else faults
         self._prefix = prefix
+        self._parent = parent  # the repository's wrapper, for an aggregate's
 
     def fail_once(self, intent: str, how: str) -> None:
         self._faults[intent] = how
@@ -378,10 +380,15 @@ class Flaky:
         key = self._prefix + name
         if not self._prefix and _is_aggregate(real):
             # The aggregates the stages are handed on their own: their intents are named
-            # "breaker.save", "aws_notices.end_notice"... One wrapper each, kept: the stages
-            # and the test patch the same object.
-            wrapped = self.__dict__[name] = Flaky(real, self._faults, f"{name}.")
+            # "breaker.save", "jobs.finish_job"... One wrapper each, kept: the stages and the
+            # test patch the same object.
+            wrapped = self.__dict__[name] = Flaky(real, self._faults, f"{name}.", self)
             return wrapped
+        parent = self._parent
+        if parent is not None and _is_aggregate(real) and getattr(parent._repo, name, None) is real:
+            # The tables' aggregates reached through another (``repo.instances.cordons`` is
+            # ``repo.cordons``): the repository's one wrapper of it.
+            return getattr(parent, name)
         if not callable(real) or key not in self._faults:
             return real
 
@@ -476,7 +483,7 @@ class World:
     def register_queue_job(self, job_id: str, nodes: list[str]) -> list[str]:
         """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""
         arns = self.register_job(job_id, nodes)
-        self.repo.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
+        self.repo.tables.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key(job_id)}, set_fields={
             "source": "queue", "priority": 10, "submitted_at": self.now[0] - 600,
             "job_state": C.JobState.RUNNING.value}))
         return arns

@@ -34,8 +34,8 @@ def fault_with_reboot_verdict(w: World, arns: list[str]) -> None:
 
 def report_xid(w: World, node: str, xid: int) -> None:
     """What the heartbeat service keeps when the node agent reports an XID."""
-    w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node},
-                           set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
+    w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: node},
+                                  set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": xid}]}))
 
 
 def trip_with_backlog(w: World, backlog: list[str], window: tuple[str, ...] = ()) -> None:
@@ -57,7 +57,7 @@ def rebooting(w: World, job: str, nodes: list[str]) -> None:
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
     [task] = w.ecs.health_checks_on(nodes[1])
     w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-    assert w.repo.get_instance(nodes[1]).state is C.InstanceState.REBOOTING
+    assert w.repo.instances.get_instance(nodes[1]).state is C.InstanceState.REBOOTING
 
 
 def resets_on(w: World, node: str) -> list[FakeTask]:

@@ -50,28 +50,29 @@ def test_a_spot_warning_cordons_the_node_at_once_and_asks_its_queue_job_to_move_
         w.register_queue_job("train", [PEER, NODE])
         done = notify(w, "spot_interruption")
         assert done["action"] == "aws_notice"
-        instance = w.repo.get_instance(NODE)
+        instance = w.repo.instances.get_instance(NODE)
         assert instance.cordoned and instance.cordon["notice"]
         assert instance.notice["kind"] == "spot_interruption"
         assert w.ecs.attribute_values[NODE][UNAVAILABLE_ATTRIBUTE] == NOTICE
-        job = w.repo.get_job("train")
+        job = w.repo.jobs.get_job("train")
         assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "moved"
         # Until the stop margin before the deadline (two minutes from the warning).
         assert job.suspend["grace_seconds"] == n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS
         assert job.suspend["avoid"]["force"] is True
         [mail] = mails(w)
         assert "spot interruption" in mail.subject and NODE in mail.body
-        assert not w.repo.get_instance(PEER).cordoned  # only the announced node
+        assert not w.repo.instances.get_instance(PEER).cordoned  # only the announced node
 
 
 def test_a_duplicate_or_replayed_notice_changes_nothing_more() -> None:
     with world() as w:
         w.register_queue_job("train", [PEER, NODE])
         event = notify(w, "spot_interruption")["event"]
-        before = (w.repo.get_instance_item(NODE)["notice"], w.repo.get_job("train").suspend)
+        before = (w.repo.instances.get_instance_item(NODE)["notice"], w.repo.jobs.get_job("train").suspend)
         again = w.service.on_aws_notice({**event, "id": "another-delivery"}).as_dict()
         assert again["nodes"] == {NODE: "notice_again"}
-        assert (w.repo.get_instance_item(NODE)["notice"], w.repo.get_job("train").suspend) == before
+        notice = w.repo.instances.get_instance_item(NODE)["notice"]
+        assert (notice, w.repo.jobs.get_job("train").suspend) == before
         assert len(mails(w)) == 1
 
 
@@ -80,8 +81,8 @@ def test_a_notice_for_an_instance_of_no_node_of_this_cluster_writes_nothing() ->
         w.register_queue_job("train", [PEER, NODE])
         done = notify(w, "spot_interruption", node="elsewhere")
         assert done["action"] == "aws_notice_no_node_of_this_cluster"
-        assert w.repo.get_instance("elsewhere") is None and not mails(w)
-        assert w.repo.get_job("train").state is JobState.RUNNING
+        assert w.repo.instances.get_instance("elsewhere") is None and not mails(w)
+        assert w.repo.jobs.get_job("train").state is JobState.RUNNING
 
 
 def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_spending_nothing() -> None:
@@ -89,10 +90,10 @@ def test_a_job_that_does_not_checkpoint_in_time_is_stopped_before_the_deadline_s
         arns = w.register_queue_job("train", [PEER, NODE])
         notify(w, "spot_interruption")
         sweeps(w, 1, every=n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS)  # no go_suspend() by then
-        assert w.repo.get_job("train").suspend.get("stop_requested_at")  # not declined: stopped
+        assert w.repo.jobs.get_job("train").suspend.get("stop_requested_at")  # not declined: stopped
         assert set(w.ecs.stop_calls) >= set(arns)
         w.stopped_by_the_stack(arns)
-        job = w.repo.get_job_item("train")
+        job = w.repo.jobs.get_job_item("train")
         assert job["job_state"] == JobState.SUSPENDED.value
         assert [m["outcome"] for m in job["moves"]] == ["stopped_at_deadline"]
         assert not int(job.get("recoveries_used") or 0)
@@ -108,19 +109,19 @@ def test_a_capacity_block_warning_maps_its_reservation_to_nodes_and_drains_the_i
         w.service.aws_notices.capacity = block
         done = notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
         assert block.calls == 1 and set(done["nodes"]) == {NODE, IDLE}
-        idle = w.repo.get_instance(IDLE)
+        idle = w.repo.instances.get_instance(IDLE)
         assert idle.cordoned and idle.cordon["notice"] and idle.ec2_instance_id == f"i-{IDLE}"
-        assert w.repo.get_job("train").state is JobState.SUSPENDING
+        assert w.repo.jobs.get_job("train").state is JobState.SUSPENDING
         assert any("no job runs on it" in m.body for m in mails(w))
         # The block's nodes are due for the sweep, which drains both in ECS (the busy one's ranks
         # keep running until they move); the instance monitor itself takes no node action.
         assert w.ecs.drained == []
-        assert all(w.repo.get_instance(node).deadline_at <= w.now[0] + C.NOTICE_RETRY_SECONDS
+        assert all(w.repo.instances.get_instance(node).deadline_at <= w.now[0] + C.NOTICE_RETRY_SECONDS
                    for node in (NODE, IDLE))
         w.advance(C.NOTICE_RETRY_SECONDS)
         w.service.sweep()
         assert sorted(a.rsplit("/", 1)[-1] for a in w.ecs.drained) == sorted([NODE, IDLE])
-        assert all(w.repo.get_instance(node).notice.get("drained_at") for node in (NODE, IDLE))
+        assert all(w.repo.instances.get_instance(node).notice.get("drained_at") for node in (NODE, IDLE))
 
 
 @pytest.mark.parametrize("failures", [1, 2])
@@ -133,7 +134,7 @@ def test_a_node_whose_notice_write_failed_is_recorded_at_once_and_holds_back_no_
     with world(spare_nodes=0) as w:
         w.ecs.spare_nodes = [NODE, IDLE]
         w.service.aws_notices.capacity = Block([IDLE, NODE])  # IDLE is the first looked at
-        real = w.repo.put_instance_if_absent
+        real = w.repo.instances.put_instance_if_absent
         lost: list[str] = []
 
         def loses(instance: Any, *args: Any, **kwargs: Any) -> Any:
@@ -143,16 +144,18 @@ def test_a_node_whose_notice_write_failed_is_recorded_at_once_and_holds_back_no_
                 raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
             return done
 
-        w.repo.put_instance_if_absent = loses  # type: ignore[method-assign]
+        w.repo.instances.put_instance_if_absent = loses  # type: ignore[method-assign]
         if failures == 1:
             done = notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
             assert set(done["nodes"]) == {NODE, IDLE}
         else:
             with pytest.raises(ReadTimeoutError):
                 notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")
-            assert w.repo.get_instance(NODE).cordoned and not w.repo.get_instance(IDLE).cordoned
+            nodes = w.repo.instances
+            assert nodes.get_instance(NODE).cordoned and not nodes.get_instance(IDLE).cordoned
             notify(w, "capacity_block_expiry", reservation_id="cr-0123456789abcdef0")  # the retry
-        assert all(w.repo.get_instance(node).cordon.get("notice") for node in (NODE, IDLE)), failures
+        nodes = w.repo.instances
+        assert all(nodes.get_instance(node).cordon.get("notice") for node in (NODE, IDLE)), failures
 
 
 def test_a_drain_ecs_did_not_confirm_is_owed_and_done_by_the_sweep() -> None:
@@ -168,27 +171,27 @@ def test_a_drain_ecs_did_not_confirm_is_owed_and_done_by_the_sweep() -> None:
             notify(w, "capacity_block_expiry", node=IDLE, reservation_id="cr-0123456789abcdef0")
             w.advance(C.NOTICE_RETRY_SECONDS)
             w.service.sweep()  # its drain fails
-            idle = w.repo.get_instance(IDLE)
+            idle = w.repo.instances.get_instance(IDLE)
             assert idle.notice and not idle.notice.get("drained_at"), how
             assert idle.deadline_at is not None and idle.deadline_at <= w.now[0] + C.NOTICE_RETRY_SECONDS
             w.advance(C.NOTICE_RETRY_SECONDS)
             w.service.sweep()
-            assert w.repo.get_instance(IDLE).notice.get("drained_at"), how
+            assert w.repo.instances.get_instance(IDLE).notice.get("drained_at"), how
             assert len(w.ecs.drained) == (1 if how == "refuse" else 2)
     with world(spare_nodes=0) as w:
         w.ecs.spare_nodes = [IDLE]
         notify(w, "spot_interruption", node=IDLE)
-        assert w.repo.get_instance(IDLE).cordoned and w.ecs.drained == []
+        assert w.repo.instances.get_instance(IDLE).cordoned and w.ecs.drained == []
 
 
 def test_a_tag_registered_job_keeps_running_and_is_told() -> None:
     with world() as w:
         w.register_job("tagged", [PEER, NODE])
         notify(w, "spot_interruption")
-        assert w.repo.get_job("tagged").state is JobState.RUNNING
+        assert w.repo.jobs.get_job("tagged").state is JobState.RUNNING
         told = [m for m in mails(w) if m.job_id == "tagged"]
         assert len(told) == 1 and "keeps running" in told[0].body
-        assert w.repo.get_instance(NODE).cordoned
+        assert w.repo.instances.get_instance(NODE).cordoned
 
 
 def test_a_relocatable_tag_registered_job_is_stopped_before_the_deadline_and_moves_spending_nothing() -> None:
@@ -201,17 +204,17 @@ def test_a_relocatable_tag_registered_job_is_stopped_before_the_deadline_and_mov
         w.ecs.spare_nodes = [IDLE]
         arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
         done = notify(w, "scheduled_retirement", lead_seconds=600)
-        deadline = float(w.repo.get_instance(NODE).notice["deadline"])
+        deadline = float(w.repo.instances.get_instance(NODE).notice["deadline"])
         told = [m for m in mails(w) if m.job_id == "tagged"]
         assert len(told) == 1 and "keeps running until" in told[0].body
         # Two sweep periods before the stop margin: one for the sweep to come, one for a retry.
         stop_at = n.stop_at(deadline, C.RECOVERY_SWEEP_RATE_SECONDS)
         assert stop_at == deadline - n.STOP_MARGIN_SECONDS - 120
-        assert w.repo.get_instance(NODE).deadline_at == w.now[0] + C.NOTICE_RETRY_SECONDS, done
+        assert w.repo.instances.get_instance(NODE).deadline_at == w.now[0] + C.NOTICE_RETRY_SECONDS, done
         w.now[0] = stop_at - 1
         w.service.sweep()
-        assert w.repo.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
-        assert w.repo.get_instance(NODE).deadline_at == stop_at
+        assert w.repo.jobs.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
+        assert w.repo.instances.get_instance(NODE).deadline_at == stop_at
         w.now[0] = stop_at
         w.service.sweep()
         _moved(w, "tagged", arns)
@@ -232,7 +235,7 @@ def test_a_spot_warning_stops_and_moves_a_relocatable_tag_registered_job_at_once
 def _moved(w: World, job_id: str, arns: list[str]) -> None:
     """The job stopped and relocated off NODE, nothing spent, no check, no node action; then
     restarted on PEER and IDLE once its ranks stopped."""
-    job = w.repo.get_job(job_id)
+    job = w.repo.jobs.get_job(job_id)
     assert job.state is JobState.PENDING_RESTART and job.relocate, job.state
     assert sorted(w.ecs.stop_calls) == sorted(arns)
     assert w.repo.faults.labels(job) == {NODE: "UNAVAILABLE"}
@@ -243,9 +246,9 @@ def _moved(w: World, job_id: str, arns: list[str]) -> None:
     for arn in arns:
         w.service.on_task_state_change(w.task_stopped(
             arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: moved"))
-    job = w.repo.get_job(job_id)
+    job = w.repo.jobs.get_job(job_id)
     assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING), job.state
-    placed = sorted(r.container_inst_id for r in w.repo.get_ranks(job))
+    placed = sorted(r.container_inst_id for r in w.repo.jobs.get_ranks(job))
     assert placed == sorted([PEER, IDLE]) and (job.recoveries_used, job.app_restarts_used) == (0, 0)
     moved = [m for m in mails(w) if m.job_id == job_id and "moved off" in m.subject.lower()]
     assert len(moved) == 1, [m.subject for m in mails(w)]
@@ -255,20 +258,20 @@ def test_a_tag_registered_job_that_cannot_move_is_not_stopped() -> None:
     with world() as w:
         w.register_job("tagged", [PEER, NODE])
         notify(w, "spot_interruption")
-        w.now[0] = float(w.repo.get_instance(NODE).notice["deadline"]) - n.STOP_MARGIN_SECONDS
+        w.now[0] = float(w.repo.instances.get_instance(NODE).notice["deadline"]) - n.STOP_MARGIN_SECONDS
         w.service.sweep()
-        assert w.repo.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
+        assert w.repo.jobs.get_job("tagged").state is JobState.RUNNING and w.ecs.stop_calls == []
 
 
 def test_after_a_reboot_maintenance_window_the_node_returns_to_service() -> None:
     with world() as w:
         w.ecs.spare_nodes = [NODE]
         notify(w, "scheduled_maintenance", lead_seconds=600)
-        instance = w.repo.get_instance(NODE)
+        instance = w.repo.instances.get_instance(NODE)
         assert instance.cordoned and instance.notice["kind"] == "scheduled_reboot"
         w.advance(600 + 2 * 3600 + 1)  # past the window's end
         w.service.sweep()
-        after = w.repo.get_instance(NODE)
+        after = w.repo.instances.get_instance(NODE)
         assert not after.cordoned and not after.notice
 
 
@@ -279,11 +282,11 @@ def test_a_rebalance_recommendation_asks_without_a_deadline_and_never_stops_the_
                  "account": "123456789012", "time": "2027-01-15T08:00:00Z", "region": REGION,
                  "resources": [], "detail": {"instance-id": f"i-{NODE}"}}
         w.service.on_aws_notice(event)
-        job = w.repo.get_job("train")
+        job = w.repo.jobs.get_job("train")
         assert job.state is JobState.SUSPENDING and job.suspend["avoid"]["force"] is False
         sweeps(w, 1, every=w.service.settings.remediation.warning_checkpoint_seconds + 1)
-        assert w.repo.get_job("train").state is JobState.RUNNING  # declined, not stopped
-        assert w.repo.get_instance(NODE).cordoned
+        assert w.repo.jobs.get_job("train").state is JobState.RUNNING  # declined, not stopped
+        assert w.repo.instances.get_instance(NODE).cordoned
 
 
 def test_a_later_more_urgent_notice_replaces_a_scheduled_one() -> None:
@@ -291,9 +294,9 @@ def test_a_later_more_urgent_notice_replaces_a_scheduled_one() -> None:
         w.ecs.spare_nodes = [NODE]
         notify(w, "scheduled_retirement", lead_seconds=3 * 24 * 3600)
         notify(w, "spot_interruption")
-        assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
+        assert w.repo.instances.get_instance(NODE).notice["kind"] == "spot_interruption"
         notify(w, "scheduled_retirement", lead_seconds=3 * 24 * 3600)  # later: it does not replace it
-        assert w.repo.get_instance(NODE).notice["kind"] == "spot_interruption"
+        assert w.repo.instances.get_instance(NODE).notice["kind"] == "spot_interruption"
 
 
 def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
@@ -302,10 +305,10 @@ def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
     with world() as w:
         w.ecs.spare_nodes = [NODE]
         notify(w, "scheduled_retirement", lead_seconds=3600)
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
-                               set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
-        instance = w.repo.get_instance(NODE)
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: NODE},
+                                      set_fields={"instance_state": C.InstanceState.REBOOTING.value}))
+        instance = w.repo.instances.get_instance(NODE)
         assert w.repo.nodes_back.back_to_available(instance, w.now[0], {}, [], "attribute_exists(#k)", {},
                                                    {"#k": C.INSTANCE_PK})
-        after = w.repo.get_instance(NODE)
+        after = w.repo.instances.get_instance(NODE)
         assert after.state is C.InstanceState.AVAILABLE and after.cordoned and after.cordon["notice"]

@@ -50,7 +50,7 @@ def _uncordoned(w: World, node: str) -> bool:
 
 
 def _eligible(w: World, node: str) -> bool:
-    inst = w.repo.get_instance(node)
+    inst = w.repo.instances.get_instance(node)
     return not node_ineligibility(ecs_status="ACTIVE", agent_connected=True, instance_state=inst.state,
                                   cordoned=inst.cordoned)
 
@@ -72,7 +72,7 @@ def test_a_node_held_by_the_breaker_is_cordoned_in_ecs_and_skipped_by_the_schedu
     worklist empty, and the queue's admission skips it."""
     with world() as w:
         _held_and_cordoned(w)
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.rebooter.calls == []
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_APPLIED
         assert w.ecs.attribute_calls == PUT  # one PutAttributes with both
@@ -91,7 +91,7 @@ def test_observe_mode_leaves_a_definitive_fault_available_but_cordoned() -> None
         report_xid(w, FAULTY, 79)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.rebooter.calls == [] and w.ecs.drained == []
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and inst.cordoned
         assert not _eligible(w, FAULTY) and _has_attribute(w, FAULTY)
 
@@ -105,17 +105,17 @@ def test_observe_mode_cordons_a_definitive_fault_in_the_write_that_fails_its_job
     with world(remediation=observe) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         report_xid(w, FAULTY, 79)
-        w.repo.fail_once("finish_job", "lose")
+        w.repo.fail_once("jobs.finish_job", "lose")
         with pytest.raises(LostResponse):
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        assert w.repo.get_job("j").state is C.JobState.FAILED
+        assert w.repo.jobs.get_job("j").state is C.JobState.FAILED
         assert w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1)).action == "duplicate"
         w.advance(60)
         w.service.sweep()
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and inst.cordoned
         assert not _eligible(w, FAULTY) and _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
-        item = w.repo.get_instance_item(FAULTY)
+        item = w.repo.instances.get_instance_item(FAULTY)
         assert item["last_fault"]["jobs"] == ["j"] and len(item["fault_history"]) == 1
         assert w.rebooter.calls == [] and w.ecs.stop_calls == []
 
@@ -125,13 +125,13 @@ def test_a_rebooting_node_is_cordoned_until_it_is_back() -> None:
     back (agent reconnected after the reboot), Then the cordon and the ECS attribute go."""
     with world() as w:
         rebooting(w, "j", [PEER, FAULTY])
-        assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
+        assert w.repo.instances.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
         t = w.now[0]
         w.service.on_container_instance_change(w.instance_event(FAULTY, connected=False, version=11,
                                                                 at=t + 20))
         back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200)
         assert w.service.on_container_instance_change(back).action == "instance_available"
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.AVAILABLE and not inst.cordoned
         assert _uncordoned(w, FAULTY) and w.ecs.attribute_calls[-2:] == TO_RESERVED
         assert w.ecs.attribute_values[FAULTY][UNAVAILABLE_ATTRIBUTE] == "reserved"  # its job's restart
@@ -144,13 +144,13 @@ def test_a_refused_put_attributes_is_finished_by_the_sweep() -> None:
     attribute and confirms it."""
     with world() as w:
         _held_and_cordoned(w, put_attributes="refuse")
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.cordoned and inst.cordon["ecs"] == cordon.ECS_PENDING and not _has_attribute(w, FAULTY)
         assert list(w.repo.cordons.pending()) == [FAULTY]
         w.advance(60)
         w.service.sweep()
         assert _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
-        assert w.repo.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
+        assert w.repo.instances.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
 
 
 def test_a_node_with_no_room_for_the_attribute_is_told_once_and_tried_every_sweep() -> None:
@@ -161,7 +161,7 @@ def test_a_node_with_no_room_for_the_attribute_is_told_once_and_tried_every_swee
     and confirmed."""
     with world() as w:
         _held_and_cordoned(w, put_attributes="no_room")
-        assert w.repo.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
+        assert w.repo.instances.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
         assert not _eligible(w, FAULTY)
         [told] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.OPERATOR_ACTION]
         assert FAULTY in told.subject + told.body and "10 custom attributes" in told.body
@@ -174,7 +174,7 @@ def test_a_node_with_no_room_for_the_attribute_is_told_once_and_tried_every_swee
         w.advance(60)
         w.service.sweep()  # room again: put and confirmed, the report forgotten with it
         assert _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
-        assert w.repo.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
+        assert w.repo.instances.get_instance(FAULTY).cordon["ecs"] == cordon.ECS_APPLIED
         assert w.repo.cordons.worklist().refused == frozenset()
 
 
@@ -192,13 +192,13 @@ def test_a_newer_intent_committed_during_a_sync_is_not_confirmed_by_it() -> None
     the attribute."""
     with world() as w:
         _held_and_cordoned(w, put_attributes="refuse")
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         [members] = w.repo.cordons.pending().values()
         w.advance(1)
         assert w.repo.cordons.uncordon(FAULTY, w.now[0])
         w.repo.cordons.confirm_synced(FAULTY, inst.cordon_version, members, applied=True)
         assert list(w.repo.cordons.pending()) == [FAULTY]
-        assert not w.repo.get_instance(FAULTY).cordoned  # not re-marked applied by the stale sync
+        assert not w.repo.instances.get_instance(FAULTY).cordoned  # not re-marked applied by the stale sync
         w.service.sweep()
         assert w.ecs.attribute_calls == TO_RESERVED and _uncordoned(w, FAULTY)
         assert w.repo.cordons.pending() == {}
@@ -211,7 +211,7 @@ def test_a_reboot_timeout_held_by_the_breaker_cordons_the_node() -> None:
         w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and w.ecs.drained == []
         assert inst.cordoned and inst.cordon["cause"] == "builtin:reboot-timeout"
         assert _has_attribute(w, FAULTY)
@@ -227,7 +227,7 @@ def test_a_drained_node_loses_its_cordon_once_draining_is_confirmed() -> None:
         w.advance(31 * 60)
         w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.QUARANTINED and w.ecs.drained and not inst.cordoned
         assert not _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
 
@@ -249,7 +249,7 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
             w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
             w.advance(30)
         assert _has_attribute(w, "n-0") and _has_attribute(w, "n-1") and not _has_attribute(w, "n-2")
-        held = w.repo.get_instance("n-2")
+        held = w.repo.instances.get_instance("n-2")
         assert held.cordoned and held.cordon["ecs"] == cordon.ECS_HELD and not _eligible(w, "n-2")
         loud = [n for n in w.notifier.sent if n.kind is C.NotificationKind.CORDON_LIMIT_TRIPPED]
         assert len(loud) == 1 and "n-2" in loud[0].body and "reset" in loud[0].body
@@ -257,7 +257,8 @@ def test_the_cordon_limit_trips_loudly_holds_the_attribute_and_a_reset_puts_it()
         assert not _has_attribute(w, "n-2")  # still held: the limit never closes by itself
         assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=False, by="oncall").done
         w.service.sweep()
-        assert _has_attribute(w, "n-2") and w.repo.get_instance("n-2").cordon["ecs"] == cordon.ECS_APPLIED
+        assert _has_attribute(w, "n-2")
+        assert w.repo.instances.get_instance("n-2").cordon["ecs"] == cordon.ECS_APPLIED
         assert w.repo.cordons.pending() == {}
 
 
@@ -267,7 +268,7 @@ def test_an_operator_uncordons_a_node_repaired_by_hand() -> None:
         args = argparse.Namespace(node_id=FAULTY)
         assert uncordon_command(args, w.repo, w.now[0]) == 0
         assert uncordon_command(args, w.repo, w.now[0]) == 1  # not cordoned any more
-        assert not w.repo.get_instance(FAULTY).cordoned
+        assert not w.repo.instances.get_instance(FAULTY).cordoned
         w.service.sweep()
         assert not _has_attribute(w, FAULTY) and w.repo.cordons.pending() == {}
 
@@ -276,7 +277,7 @@ def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
     """Given a cordoned node whose diag then passes, Then it is healthy again: uncordoned."""
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY}, set_fields={
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY}, set_fields={
             "ec2_instance_id": f"i-{FAULTY}", "cordon_version": w.now[0] - 5,
             "cordon": cordon.cordon_record(cause="xid-79", reason="test", now=w.now[0] - 5,
                                            ecs=cordon.ECS_APPLIED)}))
@@ -285,7 +286,7 @@ def test_a_healthy_verdict_on_a_cordoned_node_clears_its_cordon() -> None:
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
-        assert not w.repo.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
+        assert not w.repo.instances.get_instance(FAULTY).cordoned and not _has_attribute(w, FAULTY)
 
 
 def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> None:
@@ -301,4 +302,4 @@ def test_the_trip_email_lists_the_held_node_its_jobs_and_what_a_reset_does() -> 
         [mail] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.BREAKER_TRIPPED]
         assert f"Held: {FAULTY} needs reboot (jobs on it: j (waits HELD until the breaker closes" in mail.body
         assert "--resume-backlog reboots it" in mail.body and "cordoned" in mail.body
-        assert w.repo.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)
+        assert w.repo.instances.get_instance(FAULTY).cordoned and _has_attribute(w, FAULTY)

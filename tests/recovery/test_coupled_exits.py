@@ -48,15 +48,15 @@ def test_a_cascade_checks_the_first_two_exits_by_their_own_time_whatever_the_del
         assert [o.action for o in outcomes] == ["health_check_requested"] * 2 + ["coupled_exit"] * 4
         assert _checked(w) == {"node-0", FAULTY}
         for node in ("node-1", "node-2", "node-3", "node-5"):
-            assert not w.repo.get_instance(node).fenced
-        job = w.repo.get_job("j")
+            assert not w.repo.instances.get_instance(node).fenced
+        job = w.repo.jobs.get_job("j")
         assert job.tally.total == 2 and job.tally.exits[1] - job.tally.exits[0] == 3
         [sick] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))  # reboot
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         [healthy] = w.ecs.health_checks_on("node-0")
         w.service.on_health_check_stopped(w.health_check_stopped(healthy, 0))
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         assert _checked(w) == {"node-0", FAULTY}  # the coupled nodes never checked
 
 
@@ -66,10 +66,10 @@ def test_a_redelivered_coupled_exit_repeats_its_arrival_and_names_no_suspect() -
         events = _exits(w, arns, [4, 0, 1, 2, 3, 5], {4: 0, 0: 3, 1: 4, 2: 5, 3: 6, 5: 7})
         for event in events:
             w.service.on_task_state_change(event)
-        assert w.repo.get_rank("j", 1).coupled
+        assert w.repo.jobs.get_rank("j", 1).coupled
         again = w.service.on_task_state_change(events[2])  # rank 1's, delivered again
         assert again.action == "coupled_exit"
-        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {"node-0", FAULTY}
+        assert set(w.repo.faults.labels(w.repo.jobs.get_job("j"))) == {"node-0", FAULTY}
 
 
 def test_when_the_first_checks_find_nothing_every_coupled_node_is_checked() -> None:
@@ -87,18 +87,18 @@ def test_when_the_first_checks_find_nothing_every_coupled_node_is_checked() -> N
         for node in ("node-0", "node-1"):
             [task] = w.ecs.health_checks_on(node)
             w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK
         assert job.tally.escalated and job.tally.total == 6
         assert _checked(w) == set(NODES)
         for node in ("node-2", "node-3", "node-4", "node-5"):
-            assert w.repo.get_instance(node).state in (InstanceState.HEALTH_CHECKING,
-                                                       InstanceState.HEALTH_CHECK_PENDING)
+            assert w.repo.instances.get_instance(node).state in (InstanceState.HEALTH_CHECKING,
+                                                                 InstanceState.HEALTH_CHECK_PENDING)
         for node in ("node-2", "node-3", "node-4", "node-5"):
             [task] = w.ecs.health_checks_on(node)
-            assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+            assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
             w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         # This job has no application-error restart left: it fails as one, every node checked.
         assert job.state is JobState.FAILED and job.last_error.startswith("application error")
 
@@ -117,8 +117,8 @@ def test_a_coupled_node_the_escalation_finds_faulty_is_caught() -> None:
             w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
         [sick] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
 
 
 FAULT_RANK = NODES.index(FAULTY)
@@ -151,7 +151,7 @@ def test_an_exit_judged_a_suspect_by_a_delivery_that_died_stays_one() -> None:
         assert w.service.on_task_state_change(events[1]).action == "health_check_requested"
         for event in events[3:]:
             assert w.service.on_task_state_change(event).action == "coupled_exit"
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.tally.total == 2
         assert set(w.repo.faults.labels(job)) == {FAULTY, "node-1"}
 
@@ -170,7 +170,7 @@ def test_coupled_nodes_beyond_the_inline_ones_are_checked_by_the_sweeps_pages(mo
         for node in ("node-0", "node-1"):
             [task] = w.ecs.health_checks_on(node)
             w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
-        assert w.repo.get_job("j").tally.total == 6
+        assert w.repo.jobs.get_job("j").tally.total == 6
         assert _checked(w) == {"node-0", "node-1", "node-2"}
         w.advance(1)
         w.service.sweep()
@@ -190,9 +190,9 @@ def test_with_health_check_all_nodes_a_stop_handled_after_the_first_reboot_verdi
         w.service.on_task_state_change(events[0])
         [sick] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))  # reboot
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         for event in events[1:]:
             w.service.on_task_state_change(event)
         assert _checked(w) == set(NODES)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.tally.total == len(NODES) and not job.tally.all_decided

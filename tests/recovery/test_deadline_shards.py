@@ -45,7 +45,7 @@ def test_each_item_takes_its_keys_shard_and_every_shard_is_read_oldest_first() -
     repo = _repository(db, 4)
     _open_checks(repo, NODES)
     buckets = _buckets(db, INSTANCES)
-    assert buckets <= set(repo.db.deadline_buckets()) and len(buckets) == 4
+    assert buckets <= set(repo.tables.db.deadline_buckets()) and len(buckets) == 4
     due = repo.deadlines.due_instances(T0 + 10_000)
     assert [i.container_inst_id for i in due] == NODES  # all of them, oldest deadline first
     assert [i.container_inst_id for i in repo.deadlines.due_instances(T0 + 10_000, limit=5)] == NODES[:5]
@@ -59,7 +59,7 @@ def test_one_shard_is_the_unsharded_index() -> None:
     repo = _repository(db, 1)
     _open_checks(repo, NODES[:3])
     assert _buckets(db, INSTANCES) == {C.DEADLINE_BUCKET}
-    assert repo.db.deadline_buckets(rotate=7) == [C.DEADLINE_BUCKET]
+    assert repo.tables.db.deadline_buckets(rotate=7) == [C.DEADLINE_BUCKET]
 
 
 def test_raising_the_shard_count_strands_nothing_written_before() -> None:
@@ -79,9 +79,9 @@ def test_the_jobs_holding_nodes_are_found_in_every_shard() -> None:
                                                            created_at=T0))
         assert repo.rank_events.enter_recovery(job_id, 1, from_states=[JobState.RUNNING], reason="GPU fault",
                                                now=T0, deadline_at=T0 + 60)
-    held = {item["job_id"] for item in SchedulingRepository(repo).jobs_holding_nodes()}
+    held = {item["job_id"] for item in SchedulingRepository(repo.jobs).jobs_holding_nodes()}
     assert held == set(jobs)
-    assert len(_buckets(db, JOBS)) > 1 and _buckets(db, JOBS) <= set(repo.db.deadline_buckets())
+    assert len(_buckets(db, JOBS)) > 1 and _buckets(db, JOBS) <= set(repo.tables.db.deadline_buckets())
 
 
 def test_an_item_put_whole_with_a_deadline_takes_its_keys_shard_too() -> None:
@@ -103,9 +103,9 @@ def test_the_backstop_finds_a_validating_node_due_in_any_shard() -> None:
     db = _tables()
     repo = _repository(db, 4)
     for node in NODES[:8]:
-        assert repo.db.apply(repo.instance_update(node, set_fields={"instance_state": "REBOOTING",
-                                                                    "validation": {"since": T0}},
-                                                  deadline_at=T0 + 60, allow_missing=True))
+        fields = {"instance_state": "REBOOTING", "validation": {"since": T0}}
+        assert repo.tables.db.apply(repo.instances.instance_update(node, set_fields=fields,
+                                                                   deadline_at=T0 + 60, allow_missing=True))
     assert len(_buckets(db, INSTANCES)) > 1
     assert forgotten_validations(repo, T0 + 30, NODES[:8]) == {}
     late = forgotten_validations(repo, T0 + 60 + 3_600, NODES[:8])

@@ -52,8 +52,8 @@ def test_a_verdict_line_readable_seconds_after_the_stopped_event_is_waited_for()
         outcome = w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         assert outcome.action == "verdict_applied"
         assert reader.reads == 3 and 0 < w.now[0] - started < 30
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
-        assert w.repo.get_instance_item(FAULTY)["last_verdict"]["failed_tests"] == ["memory"]
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance_item(FAULTY)["last_verdict"]["failed_tests"] == ["memory"]
 
 
 def test_a_verdict_line_still_unreadable_is_left_for_the_sweep_not_guessed_from_the_exit_code() -> None:
@@ -66,15 +66,15 @@ def test_a_verdict_line_still_unreadable_is_left_for_the_sweep_not_guessed_from_
         task = _checking(w)
         outcome = w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
         assert outcome.action == "verdict_log_pending"
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.HEALTH_CHECKING and instance.check.task_arn == task.arn
         assert (instance.deadline_at or 0) <= w.now[0] + VERDICT_LOG_RETRY_SECONDS
-        assert w.rebooter.calls == [] and w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        assert w.rebooter.calls == [] and w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
         reader.readable_from = reader.reads + 1
         w.advance(VERDICT_LOG_RETRY_SECONDS)
         w.service.sweep()
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
-        assert w.repo.get_instance_item(FAULTY)["last_verdict"]["failed_tests"] == ["memory"]
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance_item(FAULTY)["last_verdict"]["failed_tests"] == ["memory"]
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -91,8 +91,8 @@ def test_a_verdict_line_never_readable_is_decided_on_the_exit_code_after_the_gra
             w.advance(VERDICT_LOG_RETRY_SECONDS)
             w.service.sweep()
             if w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS - VERDICT_LOG_RETRY_SECONDS:
-                assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+                assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -102,7 +102,7 @@ def _rebooting(w: World) -> None:
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
     [task] = w.ecs.health_checks_on(FAULTY)
     w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+    assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
     w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=143, stop_code="UserInitiated",
                                                   reason="gpu-recovery: suspected GPU fault"))
 
@@ -118,7 +118,7 @@ def test_an_instance_ecs_answers_missing_is_no_agent_disconnect() -> None:
         w.advance(60)
         w.service.sweep()
         assert w.service.on_boot_reported(FAULTY, w.now[0] - 5).action == "ignored"
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.REBOOTING and instance.disconnected_at is None
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
@@ -151,6 +151,6 @@ def test_a_restart_whose_started_tasks_ecs_answers_missing_never_starts_a_rank_t
         for _ in range(4):
             w.advance(60)
             w.service.sweep()
-        job = w.repo.get_job("j")
-        assert job.attempt == 2 and {w.repo.get_rank("j", r).task_arn for r in (0, 1)} == started
+        job = w.repo.jobs.get_job("j")
+        assert job.attempt == 2 and {w.repo.jobs.get_rank("j", r).task_arn for r in (0, 1)} == started
         assert _restarted(w, training) == started

@@ -56,16 +56,16 @@ def test_a_large_gang_is_stopped_in_batches_and_restarted_ten_ranks_per_start_ta
         nodes = _nodes(WORLD)
         arns = w.register_job("big", nodes)
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
-        assert w.repo.get_job("big").state is JobState.PENDING_HEALTHCHECK
+        assert w.repo.jobs.get_job("big").state is JobState.PENDING_HEALTHCHECK
         assert w.ecs.stop_calls == []  # nothing stopped in the event's own invocation
         assert [m[0]["op"] for m in w.queue.messages] == ["stop"]
         assert w.drain_queue() == 1
         assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
         assert _stopped_by_us(w) == WORLD - 1
-        job = w.repo.get_job("big")
+        job = w.repo.jobs.get_job("big")
         assert job.tally.total == 1 and job.stop_fanout == {}  # every rank ended; one suspect
         _verdict(w, nodes[-1], 0)  # healthy: an application error, restarts need a budget
-        job = w.repo.get_job("big")
+        job = w.repo.jobs.get_job("big")
         assert job.state is JobState.FAILED and "application error" in job.last_error
         assert w.queue.messages == []
 
@@ -84,15 +84,15 @@ def _restart_pending(w: Any) -> None:
 def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
     with world(gang_queue=True, max_app_restarts=1) as w:
         _restart_pending(w)
-        job = w.repo.get_job("big")
+        job = w.repo.jobs.get_job("big")
         assert job.state is JobState.STARTING and job.attempt == 2
         assert [m[0]["op"] for m in w.queue.messages] == ["start"]
         w.ecs.start_calls.clear()
         w.drain_queue()
         # 40 identical ranks on 40 nodes: four StartTasks of ten, every rank registered once.
         assert w.ecs.start_calls == [10, 10, 10, 10]
-        assert [r.attempt for r in w.repo.get_ranks(w.repo.get_job("big"))] == [2] * WORLD
-        job = w.repo.get_job("big")
+        assert [r.attempt for r in w.repo.jobs.get_ranks(w.repo.jobs.get_job("big"))] == [2] * WORLD
+        job = w.repo.jobs.get_job("big")
         assert job.state is JobState.RUNNING
         recovered = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
         assert len(recovered) == 1 and len(recovered[0].body) < 8_000
@@ -131,16 +131,16 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
         died = _die_once_at_registered_arrival(w, 12)
         with pytest.raises(TimeoutError):
             w.drain_queue()
-        assert died == [12] and w.repo.get_job("big").state is JobState.STARTING
-        assert w.repo.get_rank("big", 12).attempt == 2 and w.repo.get_rank("big", 39).attempt == 1
+        assert died == [12] and w.repo.jobs.get_job("big").state is JobState.STARTING
+        assert w.repo.jobs.get_rank("big", 12).attempt == 2 and w.repo.jobs.get_rank("big", 39).attempt == 1
         w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
         w.service.sweep()
         w.drain_queue()
-        job = w.repo.get_job("big")
+        job = w.repo.jobs.get_job("big")
         assert job.state is JobState.RUNNING, job.state
-        rank0, last = w.repo.get_rank("big", 0), w.repo.get_rank("big", WORLD - 1)
+        rank0, last = w.repo.jobs.get_rank("big", 0), w.repo.jobs.get_rank("big", WORLD - 1)
         assert last.registered_at - rank0.registered_at > gang_restart.RESEND_AFTER_SECONDS
-        item = w.repo.get_job_item("big") or {}
+        item = w.repo.jobs.get_job_item("big") or {}
         [confirmed] = [e for e in item["history"] if e.get("to") == JobState.RUNNING.value
                        and e.get("from") == JobState.STARTING.value]
         assert confirmed["gp"]["running_at"] == int(last.registered_at)
@@ -157,15 +157,15 @@ def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> N
         with pytest.raises(TimeoutError):
             w.drain_queue()
         assert died == [18]
-        assert w.repo.get_rank("big", 18).attempt == 2 and w.repo.get_rank("big", 19).attempt == 1
+        assert w.repo.jobs.get_rank("big", 18).attempt == 2 and w.repo.jobs.get_rank("big", 19).attempt == 1
         starts = list(w.ecs.start_calls)
         w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
         w.service.sweep()
         w.drain_queue()
-        assert w.repo.get_job("big").state is JobState.RUNNING
+        assert w.repo.jobs.get_job("big").state is JobState.RUNNING
         # Only the calls the dead delivery never made (ranks 20-39) start afterwards.
         assert w.ecs.start_calls[:len(starts)] == starts and sum(w.ecs.start_calls[len(starts):]) == 20
-        for rank in w.repo.get_ranks(w.repo.get_job("big")):
+        for rank in w.repo.jobs.get_ranks(w.repo.jobs.get_job("big")):
             assert w.ecs.tasks[rank.task_arn].node == rank.container_inst_id, rank.rank
 
 
@@ -199,7 +199,7 @@ def test_a_stop_intent_read_by_several_events_at_once_is_sent_once() -> None:
     with world(gang_queue=True) as w:
         arns = w.register_job("big", _nodes(WORLD))
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
-        job = w.repo.get_job("big")
+        job = w.repo.jobs.get_job("big")
         assert job.stop_fanout.get("sent_at") and w.queue.sends == 1
         # Another event read the intent before it was confirmed: it sends nothing.
         read_before = replace(job, stop_fanout={k: v for k, v in job.stop_fanout.items() if k != "sent_at"})
@@ -212,7 +212,7 @@ def test_a_stop_intent_whose_sender_died_is_sent_by_the_sweep_once_its_claim_is_
         arns = w.register_job("big", _nodes(WORLD))
         w.queue.fail_next = 1  # the claim is written, the send fails: the sender is gone
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
-        assert w.queue.messages == [] and not w.repo.get_job("big").stop_fanout.get("sent_at")
+        assert w.queue.messages == [] and not w.repo.jobs.get_job("big").stop_fanout.get("sent_at")
         w.advance(SEND_CLAIM_SECONDS - 5)
         w.service.sweep()
         assert w.queue.sends == 0  # the claim may still be its sender's
@@ -220,7 +220,7 @@ def test_a_stop_intent_whose_sender_died_is_sent_by_the_sweep_once_its_claim_is_
             w.advance(30)
             w.service.sweep()
         assert [m[0]["op"] for m in w.queue.messages] == ["stop"] and w.queue.sends == 1
-        assert w.repo.get_job("big").stop_fanout.get("sent_at")
+        assert w.repo.jobs.get_job("big").stop_fanout.get("sent_at")
         w.drain_queue()
         assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
 
@@ -236,7 +236,7 @@ def test_an_event_retried_a_minute_later_sends_the_stop_intent_its_dead_delivery
         assert w.queue.sends == 0
         w.advance(60)
         w.service.on_task_state_change(event)
-        assert w.queue.sends == 1 and w.repo.get_job("big").stop_fanout.get("sent_at")
+        assert w.queue.sends == 1 and w.repo.jobs.get_job("big").stop_fanout.get("sent_at")
         w.drain_queue()
         assert sorted(w.ecs.stop_calls) == sorted(arns[:-1])
 
@@ -294,7 +294,7 @@ def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_ever
             w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
         running = [n for n in nodes if any(t.last_status == "RUNNING" for t in w.ecs.health_checks_on(n))]
         assert len(running) == 2
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.tally.total == 5 and job.state is JobState.PENDING_HEALTHCHECK
         checked: set[str] = set()
         while len(checked) < 5:
@@ -304,7 +304,7 @@ def test_health_checks_are_held_to_the_jobs_share_and_the_restart_waits_for_ever
             checked.add(node)
             busy = [n for n in nodes if any(t.last_status == "RUNNING" for t in w.ecs.health_checks_on(n))]
             assert len(busy) <= 2
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         # Every verdict counted (4 on the tally's shards, the last one on the job item).
         assert job.tally.total == 5 and job.state in (JobState.STARTING, JobState.RUNNING)
         assert w.repo.slots.running() == 0
@@ -321,7 +321,7 @@ def test_a_job_larger_than_supported_is_refused_loudly_once(caplog: Any) -> None
         with caplog.at_level("WARNING"):
             for _ in range(3):
                 w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
-        assert w.repo.get_job("huge") is None
+        assert w.repo.jobs.get_job("huge") is None
         refused = [n for n in w.notifier.sent if n.kind is NotificationKind.JOB_REFUSED]
         assert len(refused) == 1 and str(C.MAX_WORLD_SIZE) in refused[0].body
         assert sum("too large to protect" in r.message for r in caplog.records) == 3
@@ -349,7 +349,7 @@ def test_a_job_whose_tasks_have_no_room_for_the_attempt_tag_is_refused_loudly_on
         with caplog.at_level("WARNING"):
             for _ in range(3):
                 w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
-        assert w.repo.get_job("full") is None
+        assert w.repo.jobs.get_job("full") is None
         [refused] = [n for n in w.notifier.sent if n.kind is NotificationKind.JOB_REFUSED]
         assert "carry 50 tags" in refused.body and f"{C.TAG_ATTEMPT}=1" in refused.body
         assert sum("too many tags" in r.message for r in caplog.records) == 3
@@ -368,11 +368,12 @@ def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None
         arns = w.register_job("big", nodes)
         lost = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/lost7"
         w.ecs.tasks[lost] = FakeTask(lost, nodes[7], "gpujobs", "family:train")
-        w.repo.db.table(w.repo.job_table_name).delete_item(Key={C.JOB_PK: C.rank_item_key("big", 7)})
-        w.repo.db.table(w.repo.job_table_name).update_item(
+        jobs = w.repo.tables.db.table(w.repo.tables.job_table_name)
+        jobs.delete_item(Key={C.JOB_PK: C.rank_item_key("big", 7)})
+        jobs.update_item(
             Key={C.JOB_PK: C.latch_shard_key("big", 1, 0)}, UpdateExpression="DELETE #r :seven",
             ExpressionAttributeNames={"#r": "reg"}, ExpressionAttributeValues={":seven": {7}})
-        w.repo.db.table(w.repo.job_table_name).update_item(
+        jobs.update_item(
             Key={C.JOB_PK: C.latch_head_key("big", 1)}, UpdateExpression="DELETE #s :zero",
             ExpressionAttributeNames={"#s": "reg_s"}, ExpressionAttributeValues={":zero": {0}})
         tags = [{"key": C.TAG_JOB_ID, "value": "big"}, {"key": C.TAG_RANK, "value": "7"},
@@ -389,7 +390,7 @@ def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None
         w.drain_queue()
         assert looked["n"] == 1 and lost in w.ecs.stop_calls and arns[7] not in w.ecs.stop_calls
         assert _stopped_by_us(w) == WORLD - 1
-        assert w.repo.get_job("big").tally.total == 1
+        assert w.repo.jobs.get_job("big").tally.total == 1
 
 
 def _lose_verdicts(w: World, nodes: list[str]) -> None:
@@ -402,8 +403,9 @@ def _lose_verdicts(w: World, nodes: list[str]) -> None:
 
 def _verdicts_counted(w: World, job_id: str, attempt: int = 1) -> int:
     """The fault's verdicts counted: on the job item and on the tally's shards."""
-    job = w.repo.get_job(job_id)
-    shards = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key(job_id, attempt, s)})
+    job = w.repo.jobs.get_job(job_id)
+    tables = w.repo.tables
+    shards = [tables.db.get(tables.job_table_name, {C.JOB_PK: C.fault_tally_shard_key(job_id, attempt, s)})
               for s in range(tally_shard_count(job.world_size))]
     return job.tally.decided + sum(len((i or {}).get("decided_nodes") or ()) for i in shards)
 
@@ -423,7 +425,7 @@ def test_one_sweep_works_through_more_due_items_than_a_page(monkeypatch: Any) ->
         _lose_verdicts(w, nodes)
         w.advance(HEALTH_CHECK_POLL_SECONDS + 1)
         w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert _verdicts_counted(w, "j") == 10, "one sweep polls every due check, 3 per page"
         assert job.state in (JobState.STARTING, JobState.RUNNING)
 
@@ -459,8 +461,9 @@ def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
         for arn in arns:
             w.service.on_task_state_change(w.task_stopped(arn, exit_code=1))
         assert w.repo.slots.running() == 5
-        assert w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.health_check_slots_key("j")}) is None
+        tables = w.repo.tables
+        assert tables.db.get(tables.job_table_name, {C.JOB_PK: C.health_check_slots_key("j")}) is None
         for node in nodes:
             _verdict(w, node, 0)
         assert w.repo.slots.running() == 0
-        assert w.repo.get_job("j").state in (JobState.STARTING, JobState.RUNNING)
+        assert w.repo.jobs.get_job("j").state in (JobState.STARTING, JobState.RUNNING)

@@ -21,7 +21,7 @@ FAULTY, PEER = "node-b", "node-a"
 
 
 def view(w: World, job: str = "j") -> dict[str, Any]:
-    return goodput_view(w.repo.get_job_item(job))
+    return goodput_view(w.repo.jobs.get_job_item(job))
 
 
 def reboot_back(w: World, node: str) -> None:
@@ -44,7 +44,7 @@ def test_a_gpu_fault_is_split_into_its_causes_and_charged_to_its_node_and_rule()
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.advance(300)
-        assert w.repo.record_checkpoint("j", 1, 60, w.now[0])
+        assert w.repo.jobs.record_checkpoint("j", 1, 60, w.now[0])
         w.advance(400)
         stop = w.task_stopped(arns[1], exit_code=1)  # stoppedAt: the fault's time
         w.advance(5)
@@ -56,8 +56,8 @@ def test_a_gpu_fault_is_split_into_its_causes_and_charged_to_its_node_and_rule()
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         reboot_back(w, FAULTY)
-        assert w.repo.get_instance(FAULTY).state is InstanceState.AVAILABLE
-        job = w.repo.get_job("j")
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
+        job = w.repo.jobs.get_job("j")
         assert (job.state, job.attempt) == (JobState.RUNNING, 2)
         w.advance(1000)
         ledger = view(w)
@@ -98,10 +98,10 @@ def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
         w.advance(90)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         reboot_back(w, FAULTY)
-        assert w.repo.get_job("j").state is JobState.RUNNING
+        assert w.repo.jobs.get_job("j").state is JobState.RUNNING
         before = view(w)["seconds"]["restart"]
         w.advance(40)
-        rank0, rank1 = w.repo.get_rank("j", 0), w.repo.get_rank("j", 1)
+        rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank0.attempt == 2
         w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
         event = running(w, rank0.task_arn, PEER, w.now[0])
@@ -110,7 +110,7 @@ def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
         w.service.on_task_state_change(event)  # at-least-once delivery
         w.advance(100)
         ledger = view(w)
-        history = (w.repo.get_job_item("j") or {}).get("history") or []
+        history = (w.repo.jobs.get_job_item("j") or {}).get("history") or []
     assert ledger["seconds"]["restart"] == pytest.approx(before + 40)
     assert sum(1 for h in history if h.get("reason") == "rank 0 running") == 1
 
@@ -126,11 +126,11 @@ def test_a_restarted_ranks_running_event_reads_the_job_only_for_rank_0() -> None
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
         reboot_back(w, FAULTY)
-        rank0, rank1 = w.repo.get_rank("j", 0), w.repo.get_rank("j", 1)
+        rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank1.attempt == 2
-        reads = CountedCalls(w.repo, ("get_job",))
+        reads = CountedCalls(w.repo.jobs, ("get_job",))
         w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
-        assert reads.calls == [] and w.repo.get_rank("j", 1).state is RankState.RUNNING
+        assert reads.calls == [] and w.repo.jobs.get_rank("j", 1).state is RankState.RUNNING
         w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
         assert reads.calls == ["get_job"]
 
@@ -156,15 +156,15 @@ def test_an_application_error_is_the_jobs_own_time_not_a_nodes_cost() -> None:
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.advance(100)
-        assert w.repo.record_checkpoint("j", 1, 50, w.now[0])
+        assert w.repo.jobs.record_checkpoint("j", 1, 50, w.now[0])
         w.advance(100)
         report_xid(w, FAULTY, 13)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         w.advance(7)
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
-        assert w.repo.get_job("j").attempt == 2  # restarted once the gang stopped
+        assert w.repo.jobs.get_job("j").attempt == 2  # restarted once the gang stopped
         w.advance(300)
         ledger = view(w)
     s = ledger["seconds"]
@@ -189,12 +189,12 @@ def test_waiting_for_a_node_to_relocate_to_is_waiting_for_capacity() -> None:
         w.advance(30)
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 2))
-        assert w.repo.get_job("j").relocation_wait is not None
+        assert w.repo.jobs.get_job("j").relocation_wait is not None
         for _ in range(3):
             w.advance(60)
             w.service.sweep()
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))  # k completes
-        assert w.repo.get_job("j").attempt == 2  # restarted on node-c at once
+        assert w.repo.jobs.get_job("j").attempt == 2  # restarted on node-c at once
         w.advance(60)
         ledger = view(w)
     s = ledger["seconds"]
@@ -226,14 +226,14 @@ def test_a_finished_job_emits_its_gpu_hours_lost_per_cause_and_its_ettr_once() -
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.advance(100)
-        assert w.repo.record_checkpoint("j", 1, 50, w.now[0])
+        assert w.repo.jobs.record_checkpoint("j", 1, 50, w.now[0])
         w.advance(100)
         report_xid(w, FAULTY, 13)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         w.advance(7)
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.jobs.get_job("j").attempt == 2
         w.advance(300)
         metrics = _Metrics()
         w.service.metrics = metrics
@@ -243,7 +243,7 @@ def test_a_finished_job_emits_its_gpu_hours_lost_per_cause_and_its_ettr_once() -
         stops = [w.task_stopped(arn, exit_code=0) for arn in second]
         for stop in [*stops, stops[-1]]:
             w.service.on_task_state_change(stop)
-        assert w.repo.get_job("j").state is JobState.COMPLETE
+        assert w.repo.jobs.get_job("j").state is JobState.COMPLETE
     lost = [m for m in metrics.by if m[0] == C.METRIC_GPU_HOURS_LOST]
     assert lost == [(C.METRIC_GPU_HOURS_LOST, "None", pytest.approx(107 * 2 / 3600), {C.DIMENSION_CAUSE:
                                                                                      "application_error"})]

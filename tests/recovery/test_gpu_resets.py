@@ -49,19 +49,19 @@ def test_a_reset_class_xid_resets_the_gpus_and_the_job_restarts_on_the_same_node
         [task] = resets_on(w, FAULTY)
         assert task.started_by.startswith(started_by.GPU_RESET) and w.rebooter.calls == []
         assert w.ecs.health_checks_on(FAULTY) == []
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
         assert instance.task(GPU_RESET_TASK).task_arn == task.arn
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and w.repo.faults.labels(job)[FAULTY] == "REBOOT"
-        [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
+        [record] = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         assert (record["action"], record["cause"]) == ("reset_gpu", "xid-119")
         peer_stopped(w, arns)
         outcome = w.service.on_health_check_stopped(reset_stopped(task, 0))
         assert outcome.action == "gpu_reset_passed"
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.AVAILABLE and not instance.reset_pending
-        assert w.repo.get_job("j").attempt == 2  # restarted, as after a healthy reboot
+        assert w.repo.jobs.get_job("j").attempt == 2  # restarted, as after a healthy reboot
         assert w.rebooter.calls == []
         assert C.NotificationKind.GPU_RESET_FAILED not in [n.kind for n in w.notifier.sent]
         # The event again changes nothing.
@@ -76,7 +76,7 @@ def test_a_task_with_the_resets_started_by_but_another_definition_is_not_its_res
         [task] = resets_on(w, FAULTY)
         peer_stopped(w, arns)
         assert w.service.on_health_check_stopped(reset_stopped(impostor(w, task), 0)).action == FOREIGN_TASK
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
@@ -100,11 +100,11 @@ def test_a_failed_reset_falls_back_to_the_reboot_with_one_email() -> None:
         for _ in range(2):  # redelivered: one fallback, one reboot, one e-mail
             w.service.on_health_check_stopped(reset_stopped(task, 1))
         assert w.rebooter.calls == [f"i-{FAULTY}"]
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and not instance.reset_pending
         mails = [n for n in w.notifier.sent if n.kind is C.NotificationKind.GPU_RESET_FAILED]
         assert len(mails) == 1 and "exited 1" in mails[0].body
-        item = w.repo.get_instance_item(FAULTY)
+        item = w.repo.instances.get_instance_item(FAULTY)
         assert [r["action"] for r in item["fault_history"]] == ["reset_gpu", "reboot"]
         assert item["last_reset"]["result"] == "failed"
         # Then today's reboot flow: back after the reboot, the job restarts.
@@ -112,8 +112,8 @@ def test_a_failed_reset_falls_back_to_the_reboot_with_one_email() -> None:
         sweeps(w, 1)
         w.ecs.agent_connected[FAULTY], w.ecs.versions[FAULTY] = True, 2
         sweeps(w, 1)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2
 
 
 def test_the_reset_waits_until_no_rank_holds_the_nodes_gpus() -> None:
@@ -124,7 +124,7 @@ def test_the_reset_waits_until_no_rank_holds_the_nodes_gpus() -> None:
         xid_fault(w)
         sweeps(w, 2)
         assert resets_on(w, FAULTY) == []
-        assert w.repo.get_instance(FAULTY).deadline_at is not None  # the sweep comes back
+        assert w.repo.instances.get_instance(FAULTY).deadline_at is not None  # the sweep comes back
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))
         sweeps(w, 1)
         assert len(resets_on(w, FAULTY)) == 1
@@ -137,8 +137,8 @@ def test_a_lost_result_event_is_read_by_the_sweep() -> None:
         peer_stopped(w, arns)
         task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
         sweeps(w, 1, POLL_SECONDS)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2 and w.rebooter.calls == []
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2 and w.rebooter.calls == []
 
 
 def test_a_reset_that_never_ends_is_stopped_and_the_node_rebooted() -> None:
@@ -154,7 +154,8 @@ def test_a_reset_that_never_ends_is_stopped_and_the_node_rebooted() -> None:
 def to_the_reset_deadline(w: World) -> None:
     """The sweep's look just before the reset's time is up (the task running), then the clock
     at that time, the sweep not run yet."""
-    deadline = w.repo.get_instance(FAULTY).reboot_requested_at + w.service.settings.gpu_reset_timeout_seconds
+    deadline = (w.repo.instances.get_instance(FAULTY).reboot_requested_at
+                + w.service.settings.gpu_reset_timeout_seconds)
     w.advance(deadline - 1 - w.now[0])
     w.service.sweep()
     w.advance(1)
@@ -171,9 +172,10 @@ def test_a_reset_that_passed_whose_event_was_lost_is_read_at_its_deadline_not_re
         to_the_reset_deadline(w)
         task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
         w.service.sweep()
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
         assert w.rebooter.calls == [] and task.arn not in w.ecs.stop_calls
-        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reset_gpu"]
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
+        assert [r["action"] for r in history] == ["reset_gpu"]
         assert C.NotificationKind.GPU_RESET_FAILED not in [n.kind for n in w.notifier.sent]
 
 
@@ -185,11 +187,12 @@ def test_a_throttled_describe_at_the_reset_deadline_decides_nothing_and_the_next
         to_the_reset_deadline(w)
         w.ecs.failures["describe_task"] = ["refuse"]
         w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.reset_pending and w.rebooter.calls == [] and task.arn not in w.ecs.stop_calls
         task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
         sweeps(w, 1)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE and w.rebooter.calls == []
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.rebooter.calls == []
 
 
 def test_a_reset_task_ecs_forgot_falls_back() -> None:
@@ -206,10 +209,10 @@ def test_a_lost_start_task_answer_never_starts_a_second_reset() -> None:
         w.ecs.failures["start_task"] = ["lose"]
         arns = xid_fault(w)
         [task] = resets_on(w, FAULTY)
-        assert not w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn
+        assert not w.repo.instances.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn
         sweeps(w, 4)  # past the claim's lease: taken over, looked up by startedBy
         assert resets_on(w, FAULTY) == [task]
-        assert w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
+        assert w.repo.instances.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
         peer_stopped(w, arns)
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
@@ -230,7 +233,7 @@ def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None
         arns = xid_fault(w)
         sweeps(w, 4)
         [task] = resets_on(w, FAULTY)
-        assert w.repo.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
+        assert w.repo.instances.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
         peer_stopped(w, arns)
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
@@ -281,7 +284,7 @@ def test_the_driver_asking_for_a_node_reboot_is_never_reset() -> None:
         [check] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(check, 4))
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == [f"i-{FAULTY}"]
-        assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "reboot"
+        assert w.repo.instances.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "reboot"
 
 
 def test_observe_mode_resets_nothing() -> None:
@@ -289,9 +292,9 @@ def test_observe_mode_resets_nothing() -> None:
     with world(remediation=observe) as w:
         xid_fault(w)
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == []
-        plan = w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]
+        plan = w.repo.instances.get_instance_item(FAULTY)["last_fault"]["plan"]
         assert plan["action"] == "reset_gpu" and plan["record_only"] == ["reset_gpu"]
-        assert w.repo.get_instance(FAULTY).state is not C.InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is not C.InstanceState.REBOOTING
 
 
 def test_a_node_reset_twice_in_the_window_is_rebooted() -> None:
@@ -300,12 +303,12 @@ def test_a_node_reset_twice_in_the_window_is_rebooted() -> None:
         arns = w.register_job("j", [PEER, FAULTY])
         history = [{"at": w.now[0] - 3600 * (i + 1), "cause": "xid-119", "action": "reset_gpu",
                     "executed": True} for i in range(2)]
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                               set_fields={"fault_history": history}))
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
+                                      set_fields={"fault_history": history}))
         report_xid(w, FAULTY, 119)
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == [f"i-{FAULTY}"]
-        assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "reboot"
+        assert w.repo.instances.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "reboot"
 
 
 def test_a_reset_the_breaker_held_is_released_as_a_reset_and_the_held_job_restarts() -> None:
@@ -321,13 +324,13 @@ def test_a_reset_the_breaker_held_is_released_as_a_reset_and_the_held_job_restar
         w.service.on_health_check_stopped(w.health_check_stopped(check, 4))
         peer_stopped(w, arns)
         assert resets_on(w, FAULTY) == [] and w.rebooter.calls == []
-        assert w.repo.get_instance(FAULTY).breaker_blocked["action"] == "reset_gpu"
-        assert w.repo.get_job("j").state is C.JobState.HELD
+        assert w.repo.instances.get_instance(FAULTY).breaker_blocked["action"] == "reset_gpu"
+        assert w.repo.jobs.get_job("j").state is C.JobState.HELD
         assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
         sweeps(w, 1)
         [task] = resets_on(w, FAULTY)
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.reset_pending
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
         sweeps(w, 1)
-        assert w.repo.get_job("j").attempt == 2 and w.rebooter.calls == [] and w.ecs.drained == []
+        assert w.repo.jobs.get_job("j").attempt == 2 and w.rebooter.calls == [] and w.ecs.drained == []

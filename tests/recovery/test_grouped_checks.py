@@ -65,7 +65,7 @@ def test_the_faulty_node_is_checked_at_once_and_the_others_ten_to_a_start_task()
         assert not started_by.names_several_nodes(checks[FAULTY][0])
         assert not started_by.names_several_nodes(checks[NODES[-1]][0])
         for node in NODES:  # every check recorded on its own node's item
-            instance = w.repo.get_instance(node)
+            instance = w.repo.instances.get_instance(node)
             assert instance.state is InstanceState.HEALTH_CHECKING and instance.check.task_arn
 
 
@@ -79,10 +79,10 @@ def test_each_grouped_verdict_lands_on_its_own_node_and_the_job_restarts() -> No
         for node in NODES:
             [task] = w.ecs.health_checks_on(node)
             w.service.on_health_check_stopped(w.health_check_stopped(task, 1 if node == FAULTY else 0))
-        states = {n: w.repo.get_instance(n).state for n in NODES}
+        states = {n: w.repo.instances.get_instance(n).state for n in NODES}
         assert states.pop(FAULTY) is InstanceState.REBOOTING
         assert set(states.values()) == {InstanceState.AVAILABLE}
-        job = w.repo.faults.counted(w.repo.get_job("j"))  # the healthy verdicts on the tally's shards
+        job = w.repo.faults.counted(w.repo.jobs.get_job("j"))  # the healthy verdicts on the tally's shards
         assert job.state is JobState.PENDING_RESTART and job.tally.all_decided
 
 
@@ -94,14 +94,15 @@ def test_a_group_whose_answer_was_lost_is_found_node_by_node_and_never_started_t
     with _fault() as (w, arns):
         w.ecs.failures["start_task"] = ["lose"]  # the next call: the group's
         _stopped_by_us(w, arns)
-        lost = [n for n in NODES if w.ecs.health_checks_on(n) and not w.repo.get_instance(n).check.task_arn]
+        lost = [n for n in NODES
+                if w.ecs.health_checks_on(n) and not w.repo.instances.get_instance(n).check.task_arn]
         assert len(lost) == 10
         w.advance(CLAIM_LEASE_SECONDS + 1)
         w.service.sweep()
         assert all(len(c) == 1 for c in _checks(w).values()), _checks(w)
         for node in lost:
             [task] = w.ecs.health_checks_on(node)
-            assert w.repo.get_instance(node).check.task_arn == task.arn
+            assert w.repo.instances.get_instance(node).check.task_arn == task.arn
 
 
 def test_a_refused_group_is_given_back_and_started_by_the_sweep() -> None:
@@ -115,7 +116,8 @@ def test_a_refused_group_is_given_back_and_started_by_the_sweep() -> None:
         _stopped_by_us(w, arns)
         refused = [n for n in NODES if not w.ecs.health_checks_on(n)]
         assert len(refused) == 9 and w.ecs.start_calls == [1, 10, 2]
-        assert {w.repo.get_instance(n).state for n in refused} == {InstanceState.HEALTH_CHECK_PENDING}
+        states = {w.repo.instances.get_instance(n).state for n in refused}
+        assert states == {InstanceState.HEALTH_CHECK_PENDING}
         for _ in range(3):
             w.advance(61)
             w.service.sweep()
@@ -145,7 +147,7 @@ def test_a_node_not_placed_in_a_group_is_retried_alone_the_others_run() -> None:
 
         w.ecs.start_task = nothing_on_node_00  # type: ignore[method-assign]
         _stopped_by_us(w, arns)
-        node = w.repo.get_instance("node-00")
+        node = w.repo.instances.get_instance("node-00")
         assert node.state is InstanceState.HEALTH_CHECK_PENDING and node.check.attempts == 1
         assert sum(1 for c in _checks(w).values() if c) == 11
         for _ in range(3):

@@ -46,7 +46,7 @@ def test_a_claim_takes_a_slot_on_its_nodes_shard_and_records_it() -> None:
     repo = memory_repository()
     instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, cluster=2048) is Claim.CLAIMED
-    claimed = repo.get_instance("n1")
+    claimed = repo.instances.get_instance("n1")
     assert claimed is not None and claimed.hc_slot_shard == stable_shard("n1", C.HEALTH_CHECK_SLOT_SHARDS)
     assert _shard_counts(repo) == {claimed.hc_slot_shard: 1}
     assert repo.slots.running() == 1
@@ -64,7 +64,7 @@ def test_a_claim_answers_with_the_instance_as_it_wrote_it(per_job: int) -> None:
     second = pending_health_check(repo, nodes[1])
     answer = repo.health_checks.claim(second, "sb-2", T0 + 75, owner="j1", per_job=per_job, cluster=16,
                                      now=T0 + 1)
-    stored = repo.get_instance(nodes[1])
+    stored = repo.instances.get_instance(nodes[1])
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None and stored is not None
     assert answer.instance.hc_slot_shard == stored.hc_slot_shard == home + 1  # not its home shard
     assert answer.instance.hc_job_slot is stored.hc_job_slot is (per_job < 16)
@@ -93,7 +93,7 @@ def test_a_full_shard_sends_the_claim_to_the_next_one_with_room() -> None:
     nodes = _nodes_of_shard(home, C.HEALTH_CHECK_SLOT_SHARDS, 3)
     for node in nodes:
         assert _claim(repo, pending_health_check(repo, node), cluster=limit) is Claim.CLAIMED
-    third = repo.get_instance(nodes[2])
+    third = repo.instances.get_instance(nodes[2])
     assert third is not None and third.hc_slot_shard == home + 1  # the next shard round the ring
     assert _shard_counts(repo) == {home: 2, home + 1: 1}
 
@@ -113,11 +113,11 @@ def test_the_release_gives_the_slot_back_to_the_shard_the_claim_recorded() -> No
     first, second = (pending_health_check(repo, n) for n in node)
     assert _claim(repo, first, cluster=16) is Claim.CLAIMED  # shard 3 (its share: 1)
     assert _claim(repo, second, cluster=16) is Claim.CLAIMED  # shard 3 full: shard 4
-    second_now = repo.get_instance(node[1])
+    second_now = repo.instances.get_instance(node[1])
     assert second_now is not None and second_now.hc_slot_shard == 4
     assert repo.health_checks.retry(second_now, f"sb-{node[1]}", T0 + 30)
     assert _shard_counts(repo) == {3: 1}
-    back = repo.get_instance(node[1])
+    back = repo.instances.get_instance(node[1])
     assert back is not None and back.hc_slot_shard is None and back.state.value == "HEALTH_CHECK_PENDING"
 
 
@@ -128,11 +128,11 @@ def test_a_check_claimed_before_the_shards_is_released_on_the_unsharded_item() -
     # Rewritten as a claim of the release before: no shard on the instance, its count on
     # the single item.
     shard = stable_shard("n1", 8)
-    table = repo.db.table(INSTANCES)
+    table = repo.tables.db.table(INSTANCES)
     table.put_item(Item={C.INSTANCE_PK: C.HEALTH_CHECK_SLOTS_KEY, "item_type": "HC_SLOTS", "running": 1})
     table.put_item(Item={C.INSTANCE_PK: C.health_check_slot_shard_key(shard), "running": 0})
     table.update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="REMOVE hc_slot_shard, hc_slot_token")
-    legacy = repo.get_instance("n1")
+    legacy = repo.instances.get_instance("n1")
     assert legacy is not None and legacy.hc_slot_shard is None
     assert repo.slots.running() == 1
     assert repo.health_checks.retry(legacy, "sb-n1", T0 + 30)
@@ -153,8 +153,9 @@ def _healthy(w: World, node: str) -> None:
 
 
 def _shard_sum(w: World, attempt: int = 1) -> int:
-    shards = tally_shard_count(w.repo.get_job("j").world_size)
-    items = [w.repo.db.get(w.repo.job_table_name, {C.JOB_PK: C.fault_tally_shard_key("j", attempt, s)})
+    shards = tally_shard_count(w.repo.jobs.get_job("j").world_size)
+    tables = w.repo.tables
+    items = [tables.db.get(tables.job_table_name, {C.JOB_PK: C.fault_tally_shard_key("j", attempt, s)})
              for s in range(shards)]
     return sum(len((i or {}).get("decided_nodes") or ()) for i in items)
 
@@ -177,13 +178,13 @@ def test_healthy_verdicts_count_on_the_shards_and_the_last_one_restarts_the_job_
         _cascade(w, nodes)
         for node in nodes[:3]:
             _healthy(w, node)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 4
         assert job.tally.decided == 0 and _shard_sum(w) == 3  # nothing on the job item
         counted = w.repo.faults.counted(job)
         assert counted.tally.decided_all == 3 and counted.tally.pending == 1
         _healthy(w, nodes[3])  # sees the 3 on the shards: the job item's last verdict
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.state in (JobState.STARTING, JobState.RUNNING)
         assert job.app_restarts_used == 1 and job.tally.decided == 1 and _shard_sum(w) == 3
 
@@ -194,7 +195,7 @@ def test_the_restart_e_mail_counts_every_suspect_though_most_verdicts_are_on_the
         _cascade(w, nodes)
         for node in nodes:
             _healthy(w, node)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.state is JobState.RUNNING
         assert job.tally.decided == 1 and _shard_sum(w) == 7  # the job item holds the last one only
         [recovered] = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
@@ -210,7 +211,7 @@ def test_the_shard_a_verdict_counts_on_is_the_one_the_tally_is_summed_from() -> 
         _cascade(w, nodes)
         for node in nodes[:2]:
             _healthy(w, node)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.tally.attempt == job.attempt == 1 and _shard_sum(w, 1) == 2
         moved_on = replace(job, attempt=2)  # the tally still counts the fault of attempt 1
         w.repo.faults.count_healthy(moved_on, nodes[2], infra=False)
@@ -227,7 +228,7 @@ def test_two_last_verdicts_at_once_settle_the_job_exactly_once(monkeypatch: pyte
         _stale_counts_once(monkeypatch)
         _healthy(w, nodes[2])  # decided "wait" (it saw no other count): counted on a shard
         assert _shard_sum(w) == 3
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         # After its commit it added every count: the fault concluded, the job restarted once.
         assert job.attempt == 2 and job.app_restarts_used == 1
         assert job.state in (JobState.STARTING, JobState.RUNNING)
@@ -247,13 +248,13 @@ def test_a_lost_settlement_after_the_commit_is_finished_by_the_sweep(monkeypatch
             raise TimeoutError("the invocation died after the verdict's commit")
         monkeypatch.setattr(JobSettlement, "settle_counted", lost)
         _healthy(w, nodes[2])  # committed; the work after it failed (logged, not raised)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK and _shard_sum(w) == 3  # every verdict in
         monkeypatch.undo()
         for _ in range(3):
             w.advance(61)
             w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.app_restarts_used == 1
 
 
@@ -272,14 +273,14 @@ def test_a_count_lost_after_the_commit_is_counted_by_the_sweep(monkeypatch: pyte
             raise TimeoutError("the invocation died after the verdict's commit")
         monkeypatch.setattr(FaultRepository, "count_healthy", lost)
         _healthy(w, nodes[2])  # committed; its count failed (logged, not raised)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK and _shard_sum(w) == 2
         assert w.repo.faults.get_suspect("j", 1, nodes[2]).counted_on_shard == "healthy"
         monkeypatch.undo()
         w.advance(61)
         w.service.sweep()
         assert _shard_sum(w) == 3
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.app_restarts_used == 1
 
 
@@ -288,7 +289,7 @@ def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
         nodes = [f"node-{i}" for i in range(4)]
         _cascade(w, nodes)
         _healthy(w, nodes[0])
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         for _ in range(3):  # a retry after a lost response, the sweep's recount, a duplicate
             w.repo.faults.count_healthy(job, nodes[0], infra=False)
         assert w.repo.faults.recount(job) == 0
@@ -299,11 +300,11 @@ def test_counts_of_the_release_before_still_count_on_a_fault_in_flight_across_an
     with world(max_app_restarts=1, check_all_nodes_on_fault=True) as w:  # every exit a suspect
         nodes = [f"node-{i}" for i in range(4)]
         _cascade(w, nodes)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         # Two healthy verdicts counted as numbers by the previous release, on shard 0.
         legacy = {C.JOB_PK: C.fault_tally_shard_key("j", 1, 0), "item_type": "TALLY_SHARD",
                   "decided": 2, "infra": 1}
-        assert w.repo.db.put_if_absent(w.repo.job_table_name, legacy, C.JOB_PK)
+        assert w.repo.tables.db.put_if_absent(w.repo.tables.job_table_name, legacy, C.JOB_PK)
         counted = w.repo.faults.counted(job).tally
         assert counted.decided_all == 2 and counted.infra_all == 1 and counted.pending == 2
 
@@ -314,13 +315,13 @@ def test_no_transaction_touches_a_tally_shard() -> None:
     with world(max_app_restarts=1) as w:
         nodes = [f"node-{i}" for i in range(4)]
         _cascade(w, nodes)
-        real = w.repo.db.transact
+        real = w.repo.tables.db.transact
         touched: list[str] = []
 
         def transact(updates: Any, *args: Any, **kwargs: Any) -> Any:
             touched.extend(str(u.key.get(C.JOB_PK, "")) for u in updates)
             return real(updates, *args, **kwargs)
-        w.repo.db.transact = transact  # type: ignore[method-assign]
+        w.repo.tables.db.transact = transact  # type: ignore[method-assign]
         for node in nodes[:3]:
             _healthy(w, node)
         assert _shard_sum(w) == 3 and touched
@@ -338,14 +339,14 @@ def test_the_total_landing_after_the_last_verdict_concludes_the_fault() -> None:
         nodes = [f"node-{i}" for i in range(3)]
         arns = w.register_job("j", nodes)
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))  # one rank fails
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total is None  # others still stopping
         _healthy(w, nodes[0])  # before every rank ended: counted on a shard, the job waits
-        assert _shard_sum(w) == 1 and w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        assert _shard_sum(w) == 1 and w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
         for arn in arns[1:]:  # the peers we stopped end: the suspects are counted (1)
             w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
                                                           reason="gpu-recovery: suspected GPU fault"))
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.tally.total == 1 and job.attempt == 2 and job.app_restarts_used == 1
 
 
@@ -369,7 +370,7 @@ def test_a_dcgm_start_the_ecs_budget_refuses_gives_its_slot_back_at_once(
             return real(**kwargs)
         monkeypatch.setattr(w.ecs, "start_task", limited_once)
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
-        instance = w.repo.get_instance("node-0")
+        instance = w.repo.instances.get_instance("node-0")
         assert instance is not None and instance.state.value == "HEALTH_CHECK_PENDING"
         assert instance.check.attempts == 0 and instance.deadline_at == w.now[0] + 3.0
         assert w.repo.slots.running() == 0  # the slot is free again, on the shard it was taken on
@@ -378,5 +379,5 @@ def test_a_dcgm_start_the_ecs_budget_refuses_gives_its_slot_back_at_once(
         w.service.sweep()
         assert [t.last_status for t in w.ecs.health_checks_on("node-0")] == ["RUNNING"]
         assert w.repo.slots.running() == 1
-        claimed = w.repo.get_instance("node-0")
+        claimed = w.repo.instances.get_instance("node-0")
         assert claimed is not None and _shard_counts(w.repo) == {claimed.hc_slot_shard: 1}

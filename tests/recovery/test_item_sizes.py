@@ -144,14 +144,14 @@ def test_a_job_with_many_recoveries_keeps_an_exact_bounded_goodput_ledger(
                                                    reason="fault", now=now[0], deadline_at=now[0] + 60,
                                                    ledger=marks)
             now[0] += 30
-            assert repo.db.apply(repo.job_transition(
+            assert repo.tables.db.apply(repo.jobs.job_transition(
                 "j", C.JobState.PENDING_RESTART, from_states=[C.JobState.PENDING_HEALTHCHECK], attempt=i + 1,
                 reason="verdict", actor="test", ledger=goodput.cause_marks("repair")))
             now[0] += 40
-            assert repo.restarts.claim(repo.get_job("j"), now=now[0], deadline_at=now[0] + 60)
+            assert repo.restarts.claim(repo.jobs.get_job("j"), now=now[0], deadline_at=now[0] + 60)
             now[0] += 10
             assert repo.restarts.confirm_running("j", i + 2, "running")
-        item = repo.get_job_item("j")
+        item = repo.jobs.get_job_item("j")
         assert item is not None
         ledger = goodput.ledger_of(item, now[0])
     finally:

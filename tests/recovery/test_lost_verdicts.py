@@ -36,15 +36,15 @@ def _unreadable_log(w: World) -> None:
 
 def _not_condemned(w: World) -> None:
     """The node back in service, the job restarting, no budget spent, nobody failed."""
-    instance = w.repo.get_instance(FAULTY)
+    instance = w.repo.instances.get_instance(FAULTY)
     assert instance.state is InstanceState.AVAILABLE and not instance.drain_pending
     assert w.ecs.drained == [] and w.rebooter.calls == []
-    job = w.repo.get_job("j")
+    job = w.repo.jobs.get_job("j")
     assert job.state in (JobState.PENDING_HEALTHCHECK, JobState.PENDING_RESTART), job.state
     suspect = w.repo.faults.get_suspect("j", 1, FAULTY)
     assert suspect is not None and not suspect.pending and suspect.findings["verdict"] == "undiagnosed"
     assert (job.recoveries_used, job.app_restarts_used) == (0, 0)
-    assert not (w.repo.get_instance_item(FAULTY) or {}).get("fault_history")
+    assert not (w.repo.instances.get_instance_item(FAULTY) or {}).get("fault_history")
 
 
 def test_a_diag_that_passed_whose_event_was_lost_and_log_unreadable_is_decided_by_its_exit_code() -> None:
@@ -60,9 +60,9 @@ def test_a_diag_that_passed_whose_event_was_lost_and_log_unreadable_is_decided_b
         for _ in range(TIMEOUT // 300 + 2):
             w.advance(300)
             w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is not JobState.FAILED and "health check" not in (job.last_error or "")
         suspect = w.repo.faults.get_suspect("j", 1, FAULTY)
         assert suspect is not None and suspect.findings["verdict"] == "healthy"
@@ -137,7 +137,7 @@ def _rebooting(w: World) -> None:
     w.service.on_health_check_stopped(w.health_check_stopped(check, 1))
     w.service.on_task_state_change(w.task_stopped(
         arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
-    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING and w.rebooter.calls
+    assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING and w.rebooter.calls
 
 
 def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_quarantine() -> None:
@@ -149,10 +149,10 @@ def test_a_reboot_the_stack_cannot_prove_is_settled_by_asking_the_node_not_by_a_
         for _ in range(32):
             w.advance(60)
             w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
-        assert not (w.repo.get_instance_item(FAULTY) or {}).get("quarantine_reason")
-        assert w.repo.get_job("j").state is not JobState.FAILED
+        assert not (w.repo.instances.get_instance_item(FAULTY) or {}).get("quarantine_reason")
+        assert w.repo.jobs.get_job("j").state is not JobState.FAILED
 
 
 def test_a_reboot_across_which_the_agent_was_updated_is_settled_by_asking_the_node() -> None:
@@ -166,14 +166,14 @@ def test_a_reboot_across_which_the_agent_was_updated_is_settled_by_asking_the_no
                                                                 at=t + 20, agent="1.80.0"))
         back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200, agent="1.81.0")
         assert w.service.on_container_instance_change(back).action != "instance_available"
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         for _ in range(32):
             w.advance(60)
             w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.AVAILABLE and w.ecs.drained == []
-        assert not (w.repo.get_instance_item(FAULTY) or {}).get("quarantine_reason")
-        assert w.repo.get_job("j").state is not JobState.FAILED
+        assert not (w.repo.instances.get_instance_item(FAULTY) or {}).get("quarantine_reason")
+        assert w.repo.jobs.get_job("j").state is not JobState.FAILED
 
 
 def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validation() -> None:
@@ -183,6 +183,6 @@ def test_with_validation_on_an_unproven_reboot_is_settled_by_the_nodes_validatio
         for _ in range(32):
             w.advance(60)
             w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.REBOOTING and instance.validating
         assert w.ecs.drained == []

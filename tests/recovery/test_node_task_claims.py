@@ -36,7 +36,7 @@ def the_claim(fields: ClaimFields, instance: Instance | None) -> tuple[str, floa
 
 
 def read(w: World) -> Instance:
-    instance = w.repo.get_instance(NODE)
+    instance = w.repo.instances.get_instance(NODE)
     assert instance is not None
     return instance
 

@@ -172,7 +172,7 @@ def resetting(w: World, **claim: object) -> Instance:
     item = {C.INSTANCE_PK: "node-a", "instance_state": InstanceState.REBOOTING.value,
             "reboot_requested_at": w.now[0] - 60, "reset_pending": True, **claim}
     boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
-    instance = w.repo.get_instance("node-a")
+    instance = w.repo.instances.get_instance("node-a")
     assert instance is not None
     return instance
 
@@ -189,7 +189,7 @@ def the_claim(fields: ClaimFields, instance: Instance | None) -> tuple[str, floa
 
 
 def stored_claim(w: World) -> tuple[str, float, str]:
-    return the_claim(stored.GPU_RESET, w.repo.get_instance("node-a"))
+    return the_claim(stored.GPU_RESET, w.repo.instances.get_instance("node-a"))
 
 
 def test_a_recorded_task_runs_and_a_live_claim_is_its_claimer_s() -> None:
@@ -225,7 +225,7 @@ def test_a_new_claim_waits_for_the_node_s_gpus_then_starts() -> None:
         w.register_job("j", ["node-a", "node-b"])  # a live rank holds node-a's GPUs
         busy = Stage()
         assert claim_and_start(w, busy, resetting(w)) == "gpu_reset_waiting_for_gpus" and busy.asked == []
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + RETRY_INTERVAL_SECONDS
+        assert w.repo.instances.get_instance("node-a").deadline_at == w.now[0] + RETRY_INTERVAL_SECONDS
     with world() as w:
         free, lost_race = Stage(), Stage()
         unclaimed = resetting(w)
@@ -244,7 +244,7 @@ def test_a_refused_start_under_a_claim_gives_it_back_and_a_placed_one_is_recorde
         claimed = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0])
         placed = w.service.node_tasks.start_claimed(node_tasks.GPU_RESET, Stage(), claimed, "claim-1")
         assert placed.task_arn and stored_claim(w) == ("claim-1", w.now[0], placed.task_arn)
-        instance = w.repo.get_instance("node-a")
+        instance = w.repo.instances.get_instance("node-a")
         assert instance.deadline_at == w.now[0] + node_tasks.POLL_SECONDS  # the sweep looks at it then
 
 
@@ -316,7 +316,7 @@ def checking(w: World, **claim: object) -> Instance:
             "hc_started_by": "claim-1", "hc_claimed_at": w.now[0] - 100, "hc_lease_until": w.now[0] - 25,
             **claim}
     boto3.resource("dynamodb", region_name="us-east-1").Table("instances").put_item(Item=to_ddb(item))
-    instance = w.repo.get_instance("node-a")
+    instance = w.repo.instances.get_instance("node-a")
     assert instance is not None
     return instance
 
@@ -336,7 +336,7 @@ def test_a_health_check_s_dead_claim_is_taken_over_the_way_every_kind_s_is() -> 
         lease_until = w.now[0] + C.CLAIM_LEASE_SECONDS
         assert (taken.instance.check.claimed_at, taken.instance.check.lease_until) == (w.now[0] - 100,
                                                                                        lease_until)
-        assert w.repo.get_instance("node-a").check.lease_until == taken.instance.check.lease_until
+        assert w.repo.instances.get_instance("node-a").check.lease_until == taken.instance.check.lease_until
         assert tasks.take_over(tasks_of, dead, w.now[0], deadline=w.now[0] + 3600).step == "raced"
     with world() as w:
         tasks = w.service.node_tasks
@@ -344,7 +344,7 @@ def test_a_health_check_s_dead_claim_is_taken_over_the_way_every_kind_s_is() -> 
                                 started_by="claim-1").task_arns[0]
         found = tasks.take_over(tasks_of, checking(w), w.now[0], deadline=w.now[0] + 3600)
         assert (found.step, found.task_arn, found.instance) == ("found", task, None)
-        recorded = w.repo.get_instance("node-a")
+        recorded = w.repo.instances.get_instance("node-a")
         assert the_claim(stored.HEALTH_CHECK, recorded) == ("claim-1", w.now[0] - 100, task)
         assert recorded.deadline_at == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
         assert w.ecs.start_calls == [1] and len(w.ecs.tasks) == 1  # the claimer's; none started since
@@ -355,13 +355,14 @@ def test_a_recorded_task_is_looked_at_within_its_kind_s_poll_interval_and_by_its
         tasks = w.service.node_tasks
         instance = checking(w)
         tasks.record(node_tasks.HEALTH_CHECK, instance, "claim-1", "arn:hc", deadline=w.now[0] + 3600)
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
+        deadline = w.repo.instances.get_instance("node-a").deadline_at
+        assert deadline == w.now[0] + node_tasks.HEALTH_CHECK_POLL_SECONDS
         reset = resetting(w, reset_started_by="claim-r", reset_claimed_at=w.now[0])
         tasks.record(node_tasks.GPU_RESET, reset, "claim-r", "arn:r", deadline=w.now[0] + 3600)
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + node_tasks.POLL_SECONDS
+        assert w.repo.instances.get_instance("node-a").deadline_at == w.now[0] + node_tasks.POLL_SECONDS
         reset = resetting(w, reset_started_by="claim-r", reset_claimed_at=w.now[0])
         tasks.record(node_tasks.GPU_RESET, reset, "claim-r", "arn:r", deadline=w.now[0] + 30)
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + 30  # out of time first
+        assert w.repo.instances.get_instance("node-a").deadline_at == w.now[0] + 30  # out of time first
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -397,12 +398,12 @@ def test_the_sweep_looks_at_a_claim_in_flight_again_once_its_lease_ends() -> Non
         live = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 30)
         stage = Followed(w)
         assert w.service.node_tasks.follow(node_tasks.GPU_RESET, stage, live, w.now[0]) == "gpu_reset_claimed"
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] - 30 + C.CLAIM_LEASE_SECONDS
+        assert w.repo.instances.get_instance("node-a").deadline_at == w.now[0] - 30 + C.CLAIM_LEASE_SECONDS
         assert stage.asked == []
     with world() as w:
         dead = resetting(w, reset_started_by="claim-1", reset_claimed_at=w.now[0] - 3600)
         assert claim_and_start(w, Stage(), dead) == "started"  # another taker, just now
         late = Followed(w)  # read the claim before it was taken over
         assert w.service.node_tasks.follow(node_tasks.GPU_RESET, late, dead, w.now[0]) == "raced"
-        assert w.repo.get_instance("node-a").deadline_at == w.now[0] + C.CLAIM_LEASE_SECONDS
+        assert w.repo.instances.get_instance("node-a").deadline_at == w.now[0] + C.CLAIM_LEASE_SECONDS
         assert late.asked == []

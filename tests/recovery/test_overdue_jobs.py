@@ -32,7 +32,7 @@ def _faulted(w: World, job_id: str, nodes: list[str]) -> float:
     a deadline a minute away). Returns that deadline."""
     arns = w.register_job(job_id, nodes)
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    item = w.repo.get_job_item(job_id)
+    item = w.repo.jobs.get_job_item(job_id)
     assert item is not None and item["job_state"] == JobState.PENDING_HEALTHCHECK.value
     return float(item["deadline_at"])
 
@@ -70,8 +70,8 @@ def test_a_job_whose_step_fails_at_every_sweep_is_overdue_after_15_minutes(
             assert count[1] == (1 if late >= OVERDUE_AFTER_SECONDS else 0), late
             counts.append(count[1])
         assert counts[-3:] == [1, 1, 1] and counts[0] == 0
-        assert w.repo.get_job("stuck").state is JobState.PENDING_HEALTHCHECK  # still stuck
-        moving = w.repo.get_job_item("moving")
+        assert w.repo.jobs.get_job("stuck").state is JobState.PENDING_HEALTHCHECK  # still stuck
+        moving = w.repo.jobs.get_job_item("moving")
         assert moving is not None and float(moving["deadline_at"]) > w.now[0]  # re-armed each time
 
         monkeypatch.setattr(deadlines, "rearm_job", rearm)  # the throttling is over

@@ -76,10 +76,10 @@ def test_running_event_registers_the_rank_without_describe_tasks() -> None:
         again = w.service.on_task_state_change(detail)  # at-least-once delivery
         assert out.action == again.action == "running"
         assert describes.calls == []
-        rank = w.repo.get_rank("llm-pretrain-42", 3)
+        rank = w.repo.jobs.get_rank("llm-pretrain-42", 3)
         assert rank.state is RankState.RUNNING and rank.task_arn == detail.taskArn
         assert rank.group == "gpu-recovery:llm-pretrain-42" and rank.gpus == 2
-        job = w.repo.get_job("llm-pretrain-42")
+        job = w.repo.jobs.get_job("llm-pretrain-42")
         assert job.world_size == 8 and job.state is JobState.RUNNING
         assert w.repo.latches.registered("llm-pretrain-42", 1, 8) == {3}
 
@@ -91,7 +91,7 @@ def test_stopped_event_of_an_unseen_convention_task_is_judged() -> None:
         out = w.service.on_task_state_change(event(status="STOPPED"))
         assert out.job_id == "llm-pretrain-42"
         assert describes.calls == []
-        assert w.repo.get_rank("llm-pretrain-42", 3).state is RankState.DONE
+        assert w.repo.jobs.get_rank("llm-pretrain-42", 3).state is RankState.DONE
 
 
 def test_an_older_attempt_s_task_is_not_registered_over_the_new_one() -> None:
@@ -100,7 +100,7 @@ def test_an_older_attempt_s_task_is_not_registered_over_the_new_one() -> None:
         w.service.on_task_state_change(new)
         old = w.service.on_task_state_change(event(attempt=1))
         assert old.detail == {"why": "task of an older attempt"}
-        assert w.repo.get_rank("llm-pretrain-42", 3).task_arn == new.taskArn
+        assert w.repo.jobs.get_rank("llm-pretrain-42", 3).task_arn == new.taskArn
 
 
 class CountingIndexLookups:
@@ -125,7 +125,7 @@ def test_a_registered_rank_s_events_read_it_by_its_key_not_through_the_task_inde
         stopped = w.service.on_task_state_change(event(status="STOPPED"))
         assert first.action == "running" and stopped.job_id == "llm-pretrain-42"
         assert lookups.calls == []
-        assert w.repo.get_rank("llm-pretrain-42", 3).state is RankState.DONE
+        assert w.repo.jobs.get_rank("llm-pretrain-42", 3).state is RankState.DONE
 
 
 @pytest.mark.parametrize("named_rank", [3, 5])
@@ -143,7 +143,7 @@ def test_an_event_naming_a_rank_that_records_another_task_is_not_taken_for_it(na
         else:
             w.service.on_task_state_change(other)
         assert lookups.calls == [other.taskArn]
-        assert w.repo.get_rank("llm-pretrain-42", 3).task_arn == registered.taskArn
+        assert w.repo.jobs.get_rank("llm-pretrain-42", 3).task_arn == registered.taskArn
 
 
 def test_a_rank_registered_by_its_event_keeps_the_tags_it_was_launched_with() -> None:
@@ -158,7 +158,7 @@ def test_a_rank_registered_by_its_event_keeps_the_tags_it_was_launched_with() ->
         assert launch is not None
         w.service.register_rank(replace(launch, tags=launched))  # as the queue's launcher does
         w.service.on_task_state_change(event(task=f"{FIXTURE['detail']['taskArn']}-a2", attempt=2))
-        rank = w.repo.get_rank("llm-pretrain-42", 3)
+        rank = w.repo.jobs.get_rank("llm-pretrain-42", 3)
         assert rank.attempt == 2
         assert {t["key"]: t["value"] for t in rank.tags} == {
             C.TAG_JOB_ID: "llm-pretrain-42", C.TAG_RANK: "3", C.TAG_WORLD_SIZE: "8", C.TAG_ATTEMPT: "2"}
@@ -174,14 +174,14 @@ def test_a_malformed_convention_is_not_registered_nor_described(env: list[dict[s
         describes = CountingDescribe(w.ecs)
         out = w.service.on_task_state_change(event(env=env))
         assert out.action == "ignored"
-        assert describes.calls == [] and w.repo.get_job("llm-pretrain-42") is None
+        assert describes.calls == [] and w.repo.jobs.get_job("llm-pretrain-42") is None
 
 
 def test_a_convention_job_too_large_is_refused() -> None:
     with world() as w:
         out = w.service.on_task_state_change(event(rank=0, world_size=C.MAX_WORLD_SIZE + 8))
         assert out.action == "ignored"
-        assert w.repo.get_job("llm-pretrain-42") is None
+        assert w.repo.jobs.get_job("llm-pretrain-42") is None
         assert len(w.notifier.sent) == 1
 
 
@@ -293,8 +293,8 @@ def test_unknown_tasks_go_to_the_tag_lookup_worker_and_are_described_together() 
         handled = w.service.on_tag_lookups(sent)
         assert describes.calls == [arns]  # one DescribeTasks for the batch's three tasks
         assert [getattr(o, "action", o) for o in handled] == ["running", "running", "running", "ignored"]
-        assert w.repo.get_job("tagged-job").world_size == 2
-        assert {w.repo.get_rank("tagged-job", r).task_arn for r in (0, 1)} == set(arns[:2])
+        assert w.repo.jobs.get_job("tagged-job").world_size == 2
+        assert {w.repo.jobs.get_rank("tagged-job", r).task_arn for r in (0, 1)} == set(arns[:2])
         # The untagged task's later events cost nothing: its negative record answers.
         queue.messages.clear()
         stopped = event(task=arns[2], group="service:web", env=[], node="node-9", status="STOPPED")

@@ -31,7 +31,7 @@ def _full_cluster(w: World) -> tuple[list[str], list[str]]:
 
 
 def _waits(w: World, job_id: str) -> list[str]:
-    item = w.repo.get_job_item(job_id) or {}
+    item = w.repo.jobs.get_job_item(job_id) or {}
     reasons = [str(h.get("reason", "")) for h in item.get("history", [])]
     return [r for r in reasons if r.startswith("waiting")]
 
@@ -43,7 +43,7 @@ def test_with_no_free_node_the_job_waits_and_moves_to_the_node_that_frees() -> N
     with world(relocation_wait_seconds=1800) as w:
         arns, other = _full_cluster(w)
         _dead_gpu(w, arns)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_RESTART and job.relocation_wait is not None
         assert job.relocation_wait.from_nodes == (FAULTY,) and job.relocation_wait.seconds == 1800
         assert job.recoveries_used == 1
@@ -52,15 +52,15 @@ def test_with_no_free_node_the_job_waits_and_moves_to_the_node_that_frees() -> N
         for _ in range(3):  # still nothing free: the sweep keeps it waiting, charges nothing
             w.advance(61)
             w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
         assert not [n for n in w.notifier.sent if n.kind is C.NotificationKind.FAILED]
 
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))  # k completes
-        assert w.repo.get_job("k").state is JobState.COMPLETE
+        assert w.repo.jobs.get_job("k").state is JobState.COMPLETE
         w.advance(61)
         w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1
         moves = w.repo.faults.placement("j", 2)
@@ -68,7 +68,7 @@ def test_with_no_free_node_the_job_waits_and_moves_to_the_node_that_frees() -> N
         started = sorted(t.node for t in w.ecs.tasks.values()
                          if t.last_status == "RUNNING" and t.group != C.HEALTH_CHECK_GROUP)
         assert started == [PEER, OTHER]
-        [relocation] = (w.repo.get_job_item("j") or {})["relocations"]
+        [relocation] = (w.repo.jobs.get_job_item("j") or {})["relocations"]
         assert "after waiting" in relocation["reason"]
 
 
@@ -78,10 +78,10 @@ def test_the_wait_ends_at_its_deadline_with_its_reason_and_operators_are_told() 
         _dead_gpu(w, arns)
         w.advance(240)
         w.service.sweep()
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         w.advance(120)
         w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED
         assert job.last_error.startswith(
             f"no healthy node freed within 300 s to relocate the ranks on {FAULTY}")
@@ -95,18 +95,18 @@ def test_a_redelivered_verdict_and_later_sweeps_neither_extend_nor_repeat_the_wa
     with world(relocation_wait_seconds=600) as w:
         arns, _ = _full_cluster(w)
         _dead_gpu(w, arns, redeliver=True)
-        first = w.repo.get_job("j").relocation_wait
+        first = w.repo.jobs.get_job("j").relocation_wait
         assert first is not None
         for _ in range(4):
             w.advance(61)
             w.service.restarts.try_restart("j")
             w.service.sweep()
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.relocation_wait == first and len(_waits(w, "j")) == 1
         assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
         w.advance(400)
         w.service.sweep()
-        assert w.repo.get_job("j").state is JobState.FAILED  # 600 s from the first write
+        assert w.repo.jobs.get_job("j").state is JobState.FAILED  # 600 s from the first write
 
 
 def test_a_freed_node_goes_to_the_job_that_waited_longest() -> None:
@@ -122,10 +122,10 @@ def test_a_freed_node_goes_to_the_job_that_waited_longest() -> None:
             m[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         [task] = w.ecs.health_checks_on("node-e")
         w.service.on_health_check_stopped(w.health_check_stopped(task, 2))
-        assert w.repo.get_job("m").relocation_wait is not None
+        assert w.repo.jobs.get_job("m").relocation_wait is not None
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))  # node-c frees
         assert w.service.restarts.try_restart("m").action == "waiting"
-        assert w.repo.get_job("m").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("m").state is JobState.PENDING_RESTART
         assert w.service.restarts.try_restart("j").action in ("restarted", "restarting")
         assert {a: m["node"] for a, m in w.repo.faults.placement("j", 2).items()} == {FAULTY: OTHER}
 
@@ -134,5 +134,5 @@ def test_zero_wait_fails_at_once_as_before() -> None:
     with world(relocation_wait_seconds=0) as w:
         arns, _ = _full_cluster(w)
         _dead_gpu(w, arns)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED and job.last_error.startswith("no healthy free node to relocate")

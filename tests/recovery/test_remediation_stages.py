@@ -35,10 +35,10 @@ def test_a_tripped_breaker_holds_the_reboot_and_keeps_it_in_its_backlog() -> Non
         w.trip_breaker(["x-1", "x-2"])
         fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "reboot"
         assert [b["node"] for b in w.repo.breaker.read()["backlog"]] == ["x-2", FAULTY]
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and w.repo.faults.labels(job)[FAULTY] == "BLOCKED"
         assert job.tally.held == 1 and job.recoveries_used == 0
 
@@ -53,7 +53,7 @@ def test_the_released_backlog_is_carried_out_by_the_sweep_once() -> None:
         w.service.sweep()
         w.service.sweep()
         assert w.rebooter.calls == [f"i-{FAULTY}"]  # x-2 is not a node this table knows: dropped
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.REBOOTING
         assert not w.repo.breaker.read().get("released")
 
 
@@ -72,7 +72,7 @@ def test_a_lost_answer_of_the_fast_path_decision_is_finished_by_the_sweep() -> N
             w.service.sweep()
         assert w.rebooter.calls == [f"i-{FAULTY}"]
         assert w.ecs.health_checks_on(FAULTY) == []
-        assert w.repo.get_job("j").state is C.JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is C.JobState.PENDING_RESTART
 
 
 def test_a_node_remediated_five_times_in_a_week_is_quarantined_and_an_operator_paged() -> None:
@@ -80,11 +80,11 @@ def test_a_node_remediated_five_times_in_a_week_is_quarantined_and_an_operator_p
         arns = w.register_job("j", [PEER, FAULTY])
         history = [{"at": w.now[0] - i * DAY, "cause": f"cause-{i}", "action": "reboot", "executed": True}
                    for i in range(1, 6)]
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                               set_fields={"fault_history": history}))
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
+                                      set_fields={"fault_history": history}))
         fault_with_reboot_verdict(w, arns)
         assert w.rebooter.calls == []
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
         assert w.ecs.drained  # drained, never terminated
         paged = [n for n in w.notifier.sent if n.kind is C.NotificationKind.OPERATOR_ACTION]
         assert len(paged) == 1 and "remediated 5 times" in paged[0].body
@@ -99,7 +99,7 @@ def test_observe_mode_stops_nothing_starts_no_diag_and_tells_once() -> None:
         w.advance(120)
         w.service.sweep()
         assert w.ecs.stop_calls == [] and w.ecs.health_checks_on(FAULTY) == [] and w.rebooter.calls == []
-        assert w.repo.get_job("j").state is C.JobState.FAILED
+        assert w.repo.jobs.get_job("j").state is C.JobState.FAILED
         observed = [n for n in w.notifier.sent if n.kind is C.NotificationKind.OBSERVED]
         assert len(observed) == 1 and "stop_tasks, health_check" in observed[0].body
 
@@ -120,7 +120,7 @@ def test_a_termination_whose_answer_was_lost_is_looked_up_not_repeated() -> None
             w.advance(61)
             w.service.sweep()
         assert w.replacer.terminated == [f"i-{FAULTY}"]
-        inst = w.repo.get_instance_item(FAULTY)
+        inst = w.repo.instances.get_instance_item(FAULTY)
         assert inst["instance_state"] == "QUARANTINED" and "terminating" in inst["terminate_result"]
         assert "terminate_pending" not in inst
 
@@ -150,12 +150,12 @@ def test_a_reboot_timeout_with_the_breaker_at_its_limit_does_not_drain() -> None
         trip_with_backlog(w, ["x-2"], window=("x-1",))
         w.service.sweep()
         assert w.ecs.drained == []
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.breaker_blocked["action"] == "replace"
         assert inst.breaker_blocked["rule"] == "builtin:reboot-timeout"
         assert [b["node"] for b in w.repo.breaker.read()["backlog"]] == ["x-2", FAULTY]
-        assert w.repo.get_job("j").state is C.JobState.FAILED
-        history = w.repo.get_instance_item(FAULTY)["fault_history"]
+        assert w.repo.jobs.get_job("j").state is C.JobState.FAILED
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         assert (history[-1]["cause"], history[-1]["executed"]) == ("builtin:reboot-timeout", False)
 
 
@@ -165,7 +165,7 @@ def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
         w.advance(31 * 60)
         w.ecs.agent_connected[FAULTY] = False  # it never came back (issue 49: one that answers is asked)
         w.service.sweep()
-        assert w.ecs.drained and w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        assert w.ecs.drained and w.repo.instances.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
         assert [e["node"] for e in w.repo.breaker.read()["window"]] == [FAULTY]  # the quarantine, now
 
 
@@ -181,7 +181,7 @@ def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> No
         w.advance(31 * 60)
         w.service.sweep()
         assert w.ecs.drained == []
-        inst = w.repo.get_instance_item(FAULTY)
+        inst = w.repo.instances.get_instance_item(FAULTY)
         assert inst["instance_state"] == "AVAILABLE" and "drain_pending" not in inst
         assert not inst.get("fault_history")
 
@@ -189,7 +189,7 @@ def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> No
 def _held(w: World, nodes: list[str]) -> None:
     """``nodes`` held back by a tripped breaker (SUSPECT, reboot in the backlog)."""
     for node in nodes:
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: node}, set_fields={
             "instance_state": "SUSPECT", "ec2_instance_id": f"i-{node}",
             "breaker_blocked": {"action": "reboot", "at": w.now[0], "rule": "xid-79", "jobs": []}}))
     trip_with_backlog(w, nodes)
@@ -297,17 +297,17 @@ def test_observe_mode_leaves_a_hung_or_lost_nodes_diag_unstarted() -> None:
         w.advance(120)
         w.service.sweep()
         assert w.ecs.health_checks_on(FAULTY) == [] and w.ecs.stop_calls == []
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.FAILED and "observe mode" in job.last_error
         assert [n.kind for n in w.notifier.sent] == [C.NotificationKind.OBSERVED]
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_the_node_history_keeps_a_summary_of_each_faults_evidence() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         fault_with_reboot_verdict(w, arns)
-        [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
+        [record] = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         summary = record["evidence"]
         assert (summary["trigger"], summary["exit_code"], summary["rank"]) == ("task_exit", 1, 1)
         assert summary["stop_code"] == "EssentialContainerExited"
@@ -319,8 +319,8 @@ def test_a_fault_without_node_action_joins_the_nodes_history_once() -> None:
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         report_xid(w, FAULTY, 13)
-        job = w.repo.get_job("j")
-        raw = w.repo.get_instance_item(FAULTY)
+        job = w.repo.jobs.get_job("j")
+        raw = w.repo.instances.get_instance_item(FAULTY)
         remediation = w.service.remediation
         evidence = remediation.evidence(inst_id=FAULTY, instance_item=raw, trigger=Trigger.TASK_EXIT,
                                         fault_at=w.now[0], job=job, rank=1, exit_code=1,
@@ -330,12 +330,13 @@ def test_a_fault_without_node_action_joins_the_nodes_history_once() -> None:
         assert remediation.record_fault_on_node(job, FAULTY, evidence, plan, spent="application")
         w.advance(5)
         assert remediation.record_fault_on_node(job, FAULTY, evidence, plan, spent="application")  # again
-        history = w.repo.get_instance_item(FAULTY)["fault_history"]
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         assert [(r["cause"], r["action"], r["job_id"], r["charged_job"]) for r in history] == [
             ("xid-13", "application_error", "j", False)]
         assert history[0]["xids"][0]["xid"] == 13
         assert (history[0]["evidence"]["exit_code"], history[0]["evidence"]["spent"]) == (1, "application")
-        assert w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]["action"] == "application_error"
+        last_fault = w.repo.instances.get_instance_item(FAULTY)["last_fault"]
+        assert last_fault["plan"]["action"] == "application_error"
         assert arns
 
 
@@ -348,14 +349,14 @@ def test_an_xid_that_decided_one_fault_does_not_decide_the_next_on_that_node() -
         first = w.register_job("a", [PEER, FAULTY])
         report_xid(w, FAULTY, 13)
         w.service.on_task_state_change(w.task_stopped(first[1], exit_code=1))
-        assert w.repo.get_job("a").state is C.JobState.FAILED
-        assert [r["cause"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["xid-13"]
+        assert w.repo.jobs.get_job("a").state is C.JobState.FAILED
+        assert [r["cause"] for r in w.repo.instances.get_instance_item(FAULTY)["fault_history"]] == ["xid-13"]
         assert w.ecs.health_checks_on(FAULTY) == []
         w.advance(120)
         second = w.register_job("b", [PEER, FAULTY])
         w.service.on_task_state_change(w.task_stopped(second[1], exit_code=1))
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
-        assert w.repo.get_job("b").state is not C.JobState.FAILED
+        assert w.repo.jobs.get_job("b").state is not C.JobState.FAILED
 
 
 def test_the_breaker_records_the_clusters_size_only_when_it_counted_it() -> None:

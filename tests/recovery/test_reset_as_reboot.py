@@ -26,11 +26,11 @@ def test_a_reset_verdict_reboots_the_node_exactly_as_a_reboot_verdict(exit_code:
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, exit_code))
         assert w.rebooter.calls == [f"i-{FAULTY}"]
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
-        job = w.repo.get_job("j")
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.REBOOTING
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART
         assert w.repo.faults.labels(job)[FAULTY] == "REBOOT"
-        [record] = w.repo.get_instance_item(FAULTY)["fault_history"]
+        [record] = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         assert record["action"] == "reboot"
         assert record["cause"] == ("dcgm-verdict-reset" if exit_code == 4 else "dcgm-verdict-reboot")
         assert record["evidence"]["dcgm"]["verdict"] == ("reset" if exit_code == 4 else "reboot")
@@ -41,10 +41,10 @@ def test_a_reset_bucket_xid_takes_todays_fast_path_reboot() -> None:
     Then the node is rebooted without the diag, as before reset_gpu existed."""
     with world(remediation=RESET_OFF) as w:
         arns = w.register_job("j", [PEER, FAULTY])
-        w.repo.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
-                               set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": 119}]}))
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: FAULTY},
+                                      set_fields={"gpu_events": [{"t": w.now[0], "g": "GPU-0", "x": 119}]}))
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert w.rebooter.calls == [f"i-{FAULTY}"] and w.ecs.health_checks_on(FAULTY) == []
-        plan = w.repo.get_instance_item(FAULTY)["last_fault"]["plan"]
+        plan = w.repo.instances.get_instance_item(FAULTY)["last_fault"]["plan"]
         assert (plan["action"], plan["decision"]["rule_id"]) == ("reboot", "xid-119")
         assert any("carried out as a reboot" in n for n in plan["decision"]["notes"])

@@ -33,12 +33,12 @@ def _claim(repo: Repository, instance: Instance, *, cluster: int = 2048, per_job
 
 
 def _shard_holders(repo: Repository, shard: int) -> set[str]:
-    item = repo.db.get(INSTANCES, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)}) or {}
+    item = repo.tables.db.get(INSTANCES, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)}) or {}
     return set(item.get(HOLDERS) or ())
 
 
 def _job_holders(repo: Repository, job: str = "j1") -> set[str]:
-    item = repo.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key(job)}) or {}
+    item = repo.tables.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key(job)}) or {}
     return set(item.get(HOLDERS) or ())
 
 
@@ -51,7 +51,7 @@ def test_a_claim_puts_its_token_on_its_shard_and_the_instance_records_it() -> No
     answer = repo.health_checks.claim(pending_health_check(repo, "n1"), "sb-n1", T0 + 75, owner="j1",
                                      per_job=4, cluster=16, now=T0)
     assert answer.outcome is Claim.CLAIMED and answer.instance is not None
-    stored = repo.get_instance("n1")
+    stored = repo.instances.get_instance("n1")
     assert stored is not None and stored.hc_slot_token == answer.instance.hc_slot_token != ""
     assert stored.hc_slot_token.startswith(f"n1|{int(T0)}|") and stored.hc_slot_token.endswith("|j1")
     assert stored.hc_slot_shard is not None
@@ -64,15 +64,15 @@ def test_no_slot_write_is_in_a_transaction() -> None:
     """The slot items are touched by plain UpdateItems only: claim, release and verdict."""
     repo = memory_repository()
     sent: list[dict[str, Any]] = []
-    transact = repo.db.transact
+    transact = repo.tables.db.transact
 
     def watched(updates: Any) -> bool:
         sent.extend(u.key for u in updates)
         return bool(transact(updates))
 
-    repo.db.transact = watched  # type: ignore[method-assign]
+    repo.tables.db.transact = watched  # type: ignore[method-assign]
     assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
-    claimed = repo.get_instance("n1")
+    claimed = repo.instances.get_instance("n1")
     assert claimed is not None
     assert repo.health_checks.retry(claimed, "sb-n1", T0 + 30)
     assert repo.slots.running() == 0 and _job_holders(repo) == set()
@@ -85,7 +85,7 @@ def test_a_full_job_share_refuses_and_gives_the_shard_token_back() -> None:
     repo = memory_repository()
     assert _claim(repo, pending_health_check(repo, "n1"), per_job=1, cluster=16) is Claim.CLAIMED
     assert _claim(repo, pending_health_check(repo, "n2"), per_job=1, cluster=16) is Claim.JOB_FULL
-    held = repo.get_instance("n1")
+    held = repo.instances.get_instance("n1")
     assert held is not None
     assert _all_holders(repo) == _job_holders(repo) == {held.hc_slot_token}
     assert repo.slots.running() == 1
@@ -97,7 +97,7 @@ def test_a_raced_claim_gives_its_own_token_back_not_the_winners() -> None:
     instance = pending_health_check(repo, "n1")
     assert _claim(repo, instance, per_job=4, cluster=16) is Claim.CLAIMED
     assert _claim(repo, instance, per_job=4, cluster=16) is Claim.RACED
-    winner = repo.get_instance("n1")
+    winner = repo.instances.get_instance("n1")
     assert winner is not None
     assert _all_holders(repo) == _job_holders(repo) == {winner.hc_slot_token}
 
@@ -110,7 +110,7 @@ def test_the_release_gives_the_token_back_after_its_commit() -> None:
     assert repo.slots.release(answer.instance) == []  # nothing in the instance's transaction
     assert repo.health_checks.release_claim(answer.instance, "sb-n1", placement_failed=True, retry_at=T0 + 30)
     assert repo.slots.running() == 0 and _job_holders(repo) == set()
-    back = repo.get_instance("n1")
+    back = repo.instances.get_instance("n1")
     assert back is not None and back.hc_slot_token == "" and back.check.attempts == 1
     # A release that did not commit (the claim moved on) gives nothing back.
     again = repo.health_checks.claim(back, "sb-n1-2", T0 + 75, owner="j1", per_job=4, cluster=16, now=T0)
@@ -130,7 +130,7 @@ def _lose_give_backs(repo: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_lost_release_is_freed_by_the_reaper_once_old_not_before(monkeypatch: pytest.MonkeyPatch) -> None:
     repo = memory_repository()
     assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
-    claimed = repo.get_instance("n1")
+    claimed = repo.instances.get_instance("n1")
     assert claimed is not None
     with monkeypatch.context() as patch:
         _lose_give_backs(repo, patch)
@@ -195,14 +195,14 @@ def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     item: counted by ``running()``, decremented in the release's transaction."""
     repo = memory_repository()
     assert _claim(repo, pending_health_check(repo, "n1"), per_job=4, cluster=16) is Claim.CLAIMED
-    claimed = repo.get_instance("n1")
+    claimed = repo.instances.get_instance("n1")
     assert claimed is not None and claimed.hc_slot_shard is not None
     shard = claimed.hc_slot_shard
-    instances, jobs = repo.db.table(INSTANCES), repo.db.table(JOBS)
+    instances, jobs = repo.tables.db.table(INSTANCES), repo.tables.db.table(JOBS)
     instances.put_item(Item={C.INSTANCE_PK: C.health_check_slot_shard_key(shard), "running": 1})
     jobs.put_item(Item={C.JOB_PK: C.health_check_slots_key("j1"), "running": 1})
     instances.update_item(Key={C.INSTANCE_PK: "n1"}, UpdateExpression="REMOVE hc_slot_token")
-    legacy = repo.get_instance("n1")
+    legacy = repo.instances.get_instance("n1")
     assert legacy is not None and legacy.hc_slot_token == "" and legacy.hc_slot_shard == shard
     assert repo.slots.running() == 1
     # A new claim's condition counts holders only (the legacy count is not its limit).
@@ -210,5 +210,5 @@ def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     assert repo.slots.running() == 2
     assert repo.health_checks.retry(legacy, "sb-n1", T0 + 30)
     assert repo.slots.running() == 1
-    job_item = repo.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key("j1")}) or {}
+    job_item = repo.tables.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key("j1")}) or {}
     assert int(job_item.get("running") or 0) == 0 and len(job_item.get(HOLDERS) or ()) == 1

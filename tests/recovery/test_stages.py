@@ -31,9 +31,9 @@ def test_a_retried_stop_event_finishes_what_a_lost_write_left() -> None:  # defe
         w.repo.fail_once("rank_events.enter_recovery", "lose")
         with pytest.raises(LostResponse):
             fault(w, arns)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK
-        assert w.repo.get_rank("j", 1).state is RankState.FAILED
+        assert w.repo.jobs.get_rank("j", 1).state is RankState.FAILED
         assert w.ecs.health_checks_on(FAULTY) == []
         fault(w, arns)  # Lambda's retry
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
@@ -46,8 +46,8 @@ def test_a_throttled_stop_write_leaves_nothing_half_written() -> None:
         w.repo.fail_once("rank_events.enter_recovery", "refuse")
         with pytest.raises(TimeoutError):
             fault(w, arns)
-        assert w.repo.get_job("j").state is JobState.RUNNING
-        assert w.repo.get_rank("j", 1).state is RankState.RUNNING
+        assert w.repo.jobs.get_job("j").state is JobState.RUNNING
+        assert w.repo.jobs.get_rank("j", 1).state is RankState.RUNNING
         fault(w, arns)
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
 
@@ -59,9 +59,9 @@ def test_the_faulty_node_is_a_suspect_when_the_peer_exit_is_processed_first() ->
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY])
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
-        assert w.repo.get_rank("j", 1).state is RankState.STOP_REQUESTED
+        assert w.repo.jobs.get_rank("j", 1).state is RankState.STOP_REQUESTED
         fault(w, arns)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert set(w.repo.faults.labels(job)) == {PEER, FAULTY}
         assert len(w.ecs.health_checks_on(FAULTY)) == 1 and len(w.ecs.health_checks_on(PEER)) == 1
 
@@ -72,7 +72,7 @@ def test_a_rank_our_stop_reached_is_not_a_suspect() -> None:
         fault(w, arns)
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
-        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {FAULTY}
+        assert set(w.repo.faults.labels(w.repo.jobs.get_job("j"))) == {FAULTY}
         assert w.ecs.health_checks_on(PEER) == []
 
 
@@ -83,7 +83,7 @@ def test_a_rank_our_stop_reached_reads_its_job_once_and_its_rank_not_again() -> 
     with world() as w:
         arns = w.register_job("j", [PEER, FAULTY, "node-c"])
         fault(w, arns)
-        reads = CountedCalls(w.repo, ("get_job", "get_rank"))
+        reads = CountedCalls(w.repo.jobs, ("get_job", "get_rank"))
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         assert reads.calls == ["get_job"]
@@ -91,8 +91,8 @@ def test_a_rank_our_stop_reached_reads_its_job_once_and_its_rank_not_again() -> 
         w.service.on_task_state_change(w.task_stopped(
             arns[2], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         assert reads.calls == ["get_job"] * 3
-        assert w.repo.get_rank("j", 0).state is RankState.STOPPED
-        assert w.repo.get_job("j").tally.total == 1  # every rank ended: the suspects counted
+        assert w.repo.jobs.get_rank("j", 0).state is RankState.STOPPED
+        assert w.repo.jobs.get_job("j").tally.total == 1  # every rank ended: the suspects counted
 
 
 def test_a_user_stop_racing_ours_ends_the_job_without_a_wasted_check() -> None:
@@ -103,7 +103,7 @@ def test_a_user_stop_racing_ours_ends_the_job_without_a_wasted_check() -> None:
         fault(w, arns)
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="alice: wrong learning rate"))
-        assert w.repo.get_job("j").state is JobState.USER_STOPPED
+        assert w.repo.jobs.get_job("j").state is JobState.USER_STOPPED
         task = w.ecs.health_checks_on(FAULTY)[0]
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
         assert w.notifier.sent == []  # no "application error" e-mail
@@ -117,11 +117,11 @@ def test_a_verdict_is_applied_when_the_task_arn_was_never_recorded() -> None:  #
         w.repo.fail_once("node_tasks.record", "refuse")
         with pytest.raises(TimeoutError):
             fault(w, arns)
-        assert w.repo.get_instance(FAULTY).check.task_arn == ""
+        assert w.repo.instances.get_instance(FAULTY).check.task_arn == ""
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -139,7 +139,7 @@ def test_a_task_with_the_checks_started_by_but_another_definition_is_no_verdict(
             outcome = w.service.on_health_check_stopped(w.health_check_stopped(impostor(w, check), 2))
         assert outcome.action == FOREIGN_TASK
         assert any("another task definition" in r.message for r in caplog.records)
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         assert w.ecs.drained == [] and w.rebooter.calls == []
         w.service.on_health_check_stopped(w.health_check_stopped(check, 0))
         assert w.repo.faults.get_suspect("j", 1, FAULTY).findings["verdict"] == "healthy"
@@ -153,7 +153,7 @@ def test_a_lost_claim_answer_is_finished_by_the_next_sweep() -> None:  # defect 
         w.repo.fail_once("health_checks.claim", "lose")
         with pytest.raises(LostResponse):
             fault(w, arns)
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         w.advance(60)
         w.service.sweep()
         assert w.ecs.health_checks_on(FAULTY) == []  # the claimer may still be alive
@@ -176,7 +176,7 @@ def test_a_lost_start_task_answer_never_starts_a_second_check() -> None:  # defe
             w.advance(60)
             w.service.sweep()
         [task] = w.ecs.health_checks_on(FAULTY)
-        assert w.repo.get_instance(FAULTY).check.task_arn == task.arn  # found by startedBy
+        assert w.repo.instances.get_instance(FAULTY).check.task_arn == task.arn  # found by startedBy
 
 
 def test_a_refused_start_task_is_retried() -> None:
@@ -185,7 +185,7 @@ def test_a_refused_start_task_is_retried() -> None:
         w.ecs.failures["start_task"] = ["refuse"]
         with pytest.raises(Exception, match="Throttling"):
             fault(w, arns)
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECK_PENDING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECK_PENDING
         fault(w, arns)
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
 
@@ -220,8 +220,8 @@ def test_a_lost_reboot_answer_never_reboots_twice() -> None:  # defect 6
         w.ecs.versions[FAULTY] = 8
         w.advance(60)
         w.service.sweep()
-        assert w.repo.get_instance(FAULTY).state is InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2
 
 
 def test_a_lost_reboot_marker_write_never_reboots_twice() -> None:
@@ -256,7 +256,7 @@ def test_a_refused_reboot_is_issued_by_the_next_try() -> None:
         w.rebooter.failures = ["refuse"]
         _to_rebooting_raising(w)
         assert w.rebooter.calls == []
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         w.advance(60)
         w.service.sweep()
         assert w.rebooter.calls == [f"i-{FAULTY}"]
@@ -280,7 +280,7 @@ def test_a_stale_connected_event_after_the_disconnect_is_not_back() -> None:  # 
         w.service.on_container_instance_change(gone)
         stale = w.instance_event(FAULTY, connected=True, version=10, at=t - 5)
         assert w.service.on_container_instance_change(stale).action == "ignored"
-        assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         back = w.instance_event(FAULTY, connected=True, version=12, at=t + 200)
         assert w.service.on_container_instance_change(back).action == "instance_available"
 
@@ -290,16 +290,16 @@ def test_every_node_is_checked_when_configured() -> None:
         arns = w.register_job("j", [PEER, FAULTY])
         fault(w, arns)
         # Each node becomes a suspect with its rank's stop (its GPUs are free only then).
-        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {FAULTY}
+        assert set(w.repo.faults.labels(w.repo.jobs.get_job("j"))) == {FAULTY}
         assert w.ecs.health_checks_on(PEER) == []  # its rank still holds the GPUs
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
-        assert set(w.repo.faults.labels(w.repo.get_job("j"))) == {PEER, FAULTY}
+        assert set(w.repo.faults.labels(w.repo.jobs.get_job("j"))) == {PEER, FAULTY}
         assert len(w.ecs.health_checks_on(PEER)) == 1
         # The restart waits for both verdicts.
         [task] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 1))
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         w.ecs.agent_connected[FAULTY] = False
         w.advance(60)
         w.service.sweep()
@@ -307,11 +307,11 @@ def test_every_node_is_checked_when_configured() -> None:
         w.ecs.versions[FAULTY] = 5
         w.advance(60)
         w.service.sweep()
-        assert w.repo.get_instance(FAULTY).state is InstanceState.AVAILABLE
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART  # node-a's verdict pending
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART  # node-a's verdict pending
         [task] = w.ecs.health_checks_on(PEER)
         w.service.on_health_check_stopped(w.health_check_stopped(task, 0))
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.jobs.get_job("j").attempt == 2
 
 
 def test_a_verdict_that_leaves_the_node_alone_looks_up_no_ec2_instance_id() -> None:
@@ -323,17 +323,17 @@ def test_a_verdict_that_leaves_the_node_alone_looks_up_no_ec2_instance_id() -> N
         w.service.on_task_state_change(w.task_stopped(
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         for node in (PEER, FAULTY):
-            w.repo.db.table("instances").update_item(Key={C.INSTANCE_PK: node},
-                                                     UpdateExpression="REMOVE ec2_instance_id")
+            w.repo.tables.db.table("instances").update_item(Key={C.INSTANCE_PK: node},
+                                                            UpdateExpression="REMOVE ec2_instance_id")
         described = len(w.ecs.described)
         [healthy] = w.ecs.health_checks_on(PEER)
         w.service.on_health_check_stopped(w.health_check_stopped(healthy, 0))
-        assert w.repo.get_instance(PEER).state is InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(PEER).state is InstanceState.AVAILABLE
         assert PEER not in w.ecs.described[described:]
         [sick] = w.ecs.health_checks_on(FAULTY)
         w.service.on_health_check_stopped(w.health_check_stopped(sick, 1))
         assert w.ecs.described[described:] == [FAULTY]
-        assert w.repo.get_instance(FAULTY).ec2_instance_id == f"i-{FAULTY}"
+        assert w.repo.instances.get_instance(FAULTY).ec2_instance_id == f"i-{FAULTY}"
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -346,14 +346,14 @@ def test_a_check_whose_turn_at_the_ecs_budget_is_far_off_waits_pending_for_the_s
         arns = w.register_job("j", [PEER, FAULTY])
         w.ecs.failures["prepay_in_turn"] = ["rate_limited"]
         fault(w, arns)
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.HEALTH_CHECK_PENDING and not instance.check.started_by
         assert instance.deadline_at == pytest.approx(w.now[0] + 7.0, abs=1.0)
         assert w.ecs.health_checks_on(FAULTY) == [] and w.repo.slots.running() == 0
         w.advance(8)
         w.service.sweep()
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         w.advance(60)
         w.service.sweep()
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
@@ -376,12 +376,12 @@ def test_a_hung_ranks_node_is_counted_when_its_report_dies_after_entering_recove
         for arn in arns:  # our stops, as ECS reports them
             w.service.on_task_state_change(w.task_stopped(
                 arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_HEALTHCHECK and job.tally.total == 1
         w.advance(60)
         w.service.sweep()  # the suspect's check asked again: its node is free
         assert len(w.ecs.health_checks_on(FAULTY)) == 1
-        assert w.repo.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
 
 
 def test_a_fault_armed_that_no_call_reaches_fails_its_test() -> None:

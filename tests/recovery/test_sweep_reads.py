@@ -20,7 +20,7 @@ def _waiting_for_its_check(w: World) -> float:
     """A 2-rank job whose rank 1 exited 1: PENDING_HEALTHCHECK, its deadline a minute away."""
     arns = w.register_job("j", ["node-a", "node-b"])
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    item = w.repo.get_job_item("j")
+    item = w.repo.jobs.get_job_item("j")
     assert item is not None and item["job_state"] == JobState.PENDING_HEALTHCHECK.value
     return float(item["deadline_at"])
 
@@ -45,7 +45,7 @@ def test_a_due_job_item_is_queried_and_moved_on() -> None:
         reads.calls.clear()
         w.service.sweep()
         assert reads.calls == ["job_items", "due_job_item_pages"]
-        item = w.repo.get_job_item("j")
+        item = w.repo.jobs.get_job_item("j")
         assert item is not None and float(item["deadline_at"]) > w.now[0]
 
 

@@ -74,32 +74,32 @@ def comes_back(w: World, node: str = FAULTY) -> None:
 
 
 def history_reasons(w: World, job: str = "j") -> list[str]:
-    return [str(h.get("reason")) for h in (w.repo.get_job_item(job) or {}).get("history") or []]
+    return [str(h.get("reason")) for h in (w.repo.jobs.get_job_item(job) or {}).get("history") or []]
 
 
 def test_a_rebooted_node_validates_under_load_before_its_job_restarts_on_it() -> None:
     with validating_world() as w:
         fault_to_reboot(w)
         comes_back(w)
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.validating
         assert instance.validation["repair"] == "reboot" and instance.validation["cause"]
         assert not instance.placeable
         # Every other scheduler keeps off it: gpu-recovery.unavailable=validating.
         assert w.ecs.attribute_values[FAULTY][placement.UNAVAILABLE_ATTRIBUTE] == placement.VALIDATING
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and job.attempt == 1  # waits for the validation
         [task] = validations_on(w, FAULTY)
         assert task.started_by.startswith("gpu-recovery-val-")
         assert instance.validation["task_arn"] == task.arn
         outcome = w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
         assert outcome.action == "validation_passed"
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.AVAILABLE
         assert not instance.validation and not instance.cordoned
         assert instance.last_validation["result"] == "passed"
         assert placement.UNAVAILABLE_ATTRIBUTE not in w.ecs.attribute_values.get(FAULTY, {})
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2  # restarted once the node proved itself
         assert any("validated node-b after its reboot (DCGM level 1 + 45 s GPU load): passed in" in r
                    for r in history_reasons(w))
@@ -138,11 +138,11 @@ def test_a_node_failing_under_load_is_rebooted_again_and_its_job_keeps_waiting()
         for _ in range(2):  # redelivered: one decision, one reboot, one e-mail
             w.service.on_health_check_stopped(stopped(task, 1, w.now[0]))
         assert w.rebooter.calls == [f"i-{FAULTY}", f"i-{FAULTY}"]  # the fault's, then the failure's
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and not instance.validation
         assert instance.cordoned and not instance.cordon.get("validating")  # known bad again
         assert w.ecs.attribute_values[FAULTY][placement.UNAVAILABLE_ATTRIBUTE] == placement.CORDONED
-        item = w.repo.get_instance_item(FAULTY)
+        item = w.repo.instances.get_instance_item(FAULTY)
         causes = [(r["action"], r["cause"]) for r in item["fault_history"]]
         # Counted under the cause of the repair that did not hold.
         assert causes[0][0] == "reboot" and causes == [causes[0], ("reboot", causes[0][1])]
@@ -150,16 +150,16 @@ def test_a_node_failing_under_load_is_rebooted_again_and_its_job_keeps_waiting()
         assert item["last_validation"]["result"] == "failed"
         mails = [n for n in w.notifier.sent if n.kind is C.NotificationKind.VALIDATION_FAILED]
         assert len(mails) == 1 and "Jobs waiting for it: j (they keep waiting for it)" in mails[0].body
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.PENDING_RESTART and job.attempt == 1 and job.recoveries_used == 1
         assert any("failed its validation" in r and "repaired again" in r for r in history_reasons(w))
         # The next reboot holds: validated, the job restarts, charged once.
         comes_back(w)
         [_, second] = validations_on(w, FAULTY)
         w.service.on_health_check_stopped(stopped(second, 0, w.now[0]))
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.recoveries_used == 1
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_a_repair_that_never_holds_is_escalated_to_a_replacement_and_the_job_moves() -> None:
@@ -172,14 +172,14 @@ def test_a_repair_that_never_holds_is_escalated_to_a_replacement_and_the_job_mov
             comes_back(w)
             task = validations_on(w, FAULTY)[-1]
             w.service.on_health_check_stopped(stopped(task, 1, w.now[0]))
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.QUARANTINED and not instance.waiting_jobs
         assert len(w.rebooter.calls) == 2
-        history = w.repo.get_instance_item(FAULTY)["fault_history"]
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
         assert [r["action"] for r in history] == ["reboot", "reboot", "replace"]
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.attempt == 2 and job.relocated  # moved to the spare, never back on node-b
-        ranks = {r.rank: r.container_inst_id for r in w.repo.get_ranks(job) if r.attempt == 2}
+        ranks = {r.rank: r.container_inst_id for r in w.repo.jobs.get_ranks(job) if r.attempt == 2}
         assert ranks[1] == "node-c"
 
 
@@ -189,17 +189,17 @@ def test_a_job_that_cannot_move_fails_when_its_node_is_replaced_after_failed_val
         for _ in range(2):
             comes_back(w)
             w.service.on_health_check_stopped(stopped(validations_on(w, FAULTY)[-1], 2, w.now[0]))
-            if w.repo.get_instance(FAULTY).state is not C.InstanceState.REBOOTING:
+            if w.repo.instances.get_instance(FAULTY).state is not C.InstanceState.REBOOTING:
                 break
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
-        job = w.repo.get_job("j")
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        job = w.repo.jobs.get_job("j")
         assert job.state is C.JobState.FAILED and "quarantined" in job.last_error
 
 
 def to_the_deadline(w: World, node: str = FAULTY) -> None:
     """The sweep's look just before the validation's ``until`` (the task running), then the
     clock at ``until``, the sweep not run yet."""
-    until = float(w.repo.get_instance(node).validation["until"])
+    until = float(w.repo.instances.get_instance(node).validation["until"])
     w.advance(until - 1 - w.now[0])
     w.service.sweep()
     w.advance(1)
@@ -216,11 +216,12 @@ def test_a_validation_that_passed_whose_event_was_lost_is_read_at_its_deadline_n
         to_the_deadline(w)
         task.last_status, task.exit_code, task.stopped_at = "STOPPED", 0, w.now[0] - 1  # no event
         w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.AVAILABLE and instance.last_validation["result"] == "passed"
         assert w.rebooter.calls == [f"i-{FAULTY}"] and task.arn not in w.ecs.stop_calls
-        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reboot"]
-        assert w.repo.get_job("j").attempt == 2
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
+        assert [r["action"] for r in history] == ["reboot"]
+        assert w.repo.jobs.get_job("j").attempt == 2
         # The event, late, changes nothing.
         assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "duplicate"
 
@@ -233,17 +234,17 @@ def test_a_validation_placed_late_keeps_its_own_time_past_the_nodes_deadline() -
         other = w.register_job("k", [FAULTY])
         comes_back(w)
         assert validations_on(w, FAULTY) == []
-        until = float(w.repo.get_instance(FAULTY).validation["until"])
+        until = float(w.repo.instances.get_instance(FAULTY).validation["until"])
         w.advance(until - 100 - w.now[0])
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))
         w.service.sweep()
         [task] = validations_on(w, FAULTY)
         sweeps(w, 4, POLL_SECONDS)  # past until, within its own time: looked at, left running
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.validating and not instance.last_validation and task.arn not in w.ecs.stop_calls
         assert len(w.rebooter.calls) == 1 and instance.deadline_at is not None
         assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "validation_passed"
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_a_validation_task_past_its_own_time_is_stopped_without_a_verdict_not_failed() -> None:
@@ -257,16 +258,17 @@ def test_a_validation_task_past_its_own_time_is_stopped_without_a_verdict_not_fa
         to_the_deadline(w)
         w.service.sweep()
         assert task.arn in w.ecs.stop_calls
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.validating
         assert not instance.last_validation and len(w.rebooter.calls) == 1
-        assert [r["action"] for r in w.repo.get_instance_item(FAULTY)["fault_history"]] == ["reboot"]
+        history = w.repo.instances.get_instance_item(FAULTY)["fault_history"]
+        assert [r["action"] for r in history] == ["reboot"]
         [_, again] = validations_on(w, FAULTY)
         assert again.started_by != task.started_by and instance.validation["task_arn"] == again.arn
         # The stopped task's own event is of a claim given back: nothing happens.
         assert w.service.on_health_check_stopped(stopped(task, 143, w.now[0])).action == "duplicate"
         w.service.on_health_check_stopped(stopped(again, 0, w.now[0]))
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_a_task_the_stack_stopped_for_its_time_is_no_verdict_whatever_its_exit() -> None:
@@ -279,11 +281,12 @@ def test_a_task_the_stack_stopped_for_its_time_is_no_verdict_whatever_its_exit()
         to_the_deadline(w)
         w.repo.fail_once("node_tasks.release", "refuse")
         w.service.sweep()
-        assert task.arn in w.ecs.stop_calls and w.repo.get_instance(FAULTY).validation["task_arn"] == task.arn
+        assert task.arn in w.ecs.stop_calls
+        assert w.repo.instances.get_instance(FAULTY).validation["task_arn"] == task.arn
         task.last_status, task.exit_code, task.stopped_at = "STOPPED", 1, w.now[0]
         task.stop_code, task.stopped_reason = "UserInitiated", "gpu-recovery: validation timed out"
         sweeps(w, 1)
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.validating and not instance.last_validation and len(w.rebooter.calls) == 1
         assert len(validations_on(w, FAULTY)) == 2  # run again
 
@@ -296,12 +299,13 @@ def test_a_throttled_describe_at_the_deadline_decides_nothing_and_the_next_look_
         to_the_deadline(w)
         w.ecs.failures["describe_task"] = ["refuse"]
         w.service.sweep()
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.validating and not instance.last_validation
         assert task.arn not in w.ecs.stop_calls and len(w.rebooter.calls) == 1
         task.last_status, task.exit_code, task.stopped_at = "STOPPED", 0, w.now[0]  # its event lost
         sweeps(w, 1)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE and len(w.rebooter.calls) == 1
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert len(w.rebooter.calls) == 1
 
 
 def test_a_lost_start_answer_is_found_by_its_started_by_never_started_twice() -> None:
@@ -312,9 +316,9 @@ def test_a_lost_start_answer_is_found_by_its_started_by_never_started_twice() ->
             comes_back(w)
         sweeps(w, 3)  # the claim's lease expires, the task is looked up by its startedBy
         [task] = validations_on(w, FAULTY)
-        assert w.repo.get_instance(FAULTY).validation["task_arn"] == task.arn
+        assert w.repo.instances.get_instance(FAULTY).validation["task_arn"] == task.arn
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.jobs.get_job("j").attempt == 2
 
 
 def test_a_task_with_the_validations_started_by_but_another_definition_is_not_its_result() -> None:
@@ -326,9 +330,9 @@ def test_a_task_with_the_validations_started_by_but_another_definition_is_not_it
         [task] = validations_on(w, FAULTY)
         outcome = w.service.on_health_check_stopped(stopped(impostor(w, task), 0, w.now[0]))
         assert outcome.action == FOREIGN_TASK
-        assert w.repo.get_instance(FAULTY).validating
+        assert w.repo.instances.get_instance(FAULTY).validating
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_a_task_found_by_its_started_by_that_is_someone_elses_is_not_followed() -> None:
@@ -344,7 +348,7 @@ def test_a_task_found_by_its_started_by_that_is_someone_elses_is_not_followed() 
         found.task_definition = FOREIGN_DEFINITION
         sweeps(w, 3, POLL_SECONDS)  # the take-over records it, the next look finds it foreign
         [ours] = [t for t in validations_on(w, FAULTY) if t.task_definition != FOREIGN_DEFINITION]
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.validating and instance.validation["task_arn"] == ours.arn
         assert len(w.rebooter.calls) == 1 and not instance.last_validation
 
@@ -356,8 +360,8 @@ def test_a_lost_result_event_is_read_by_the_sweep() -> None:
         [task] = validations_on(w, FAULTY)
         task.last_status, task.exit_code = "STOPPED", 0  # its event never arrives
         sweeps(w, 1, POLL_SECONDS)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2
 
 
 def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> None:
@@ -372,7 +376,7 @@ def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> 
             tasks = validations_on(w, FAULTY)
             assert len(tasks) == attempt + 1 and len({t.started_by for t in tasks}) == attempt + 1
             w.service.on_health_check_stopped(stopped(tasks[-1], None, w.now[0]))
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.validating
         assert instance.validation.get("stalled_at") and len(w.rebooter.calls) == 1
         assert w.ecs.attribute_values[FAULTY][placement.UNAVAILABLE_ATTRIBUTE] == placement.VALIDATING
@@ -381,8 +385,8 @@ def test_a_task_without_a_verdict_is_run_again_then_is_not_a_failed_repair() -> 
         sweeps(w, 2)  # tried again
         task = validations_on(w, FAULTY)[-1]
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2 and len(w.rebooter.calls) == 1
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2 and len(w.rebooter.calls) == 1
 
 
 def test_a_validation_whose_check_could_not_run_is_not_a_failed_repair(tmp_path: Path) -> None:
@@ -397,7 +401,7 @@ def test_a_validation_whose_check_could_not_run_is_not_a_failed_repair(tmp_path:
         for _ in range(START_RETRIES):
             task = validations_on(w, FAULTY)[-1]
             w.service.on_health_check_stopped(stopped(task, run.returncode, w.now[0]))
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.validation.get("stalled_at")
         assert len(w.rebooter.calls) == 1 and not instance.last_validation
         assert len([n for n in w.notifier.sent if "could not run" in n.subject]) == 1
@@ -411,7 +415,7 @@ def test_a_validation_that_can_never_be_placed_is_not_a_failed_repair() -> None:
         w.ecs.failures["start_task"] = ["place_nothing"] * 100
         comes_back(w)
         sweeps(w, int(ON.timeout_seconds // 60) + 2)
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is C.InstanceState.REBOOTING and instance.validating
         assert len(w.rebooter.calls) == 1 and not instance.last_validation
         assert len([n for n in w.notifier.sent if "could not run" in n.subject]) == 1
@@ -423,7 +427,7 @@ def test_the_validation_waits_for_ranks_still_on_the_node() -> None:
         other = w.register_job("k", [FAULTY])  # placed by a scheduler that ignored the attribute
         comes_back(w)
         assert validations_on(w, FAULTY) == []  # another job's rank still holds the GPUs
-        assert w.repo.get_instance(FAULTY).deadline_at is not None
+        assert w.repo.instances.get_instance(FAULTY).deadline_at is not None
         w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))
         sweeps(w, 1)
         assert len(validations_on(w, FAULTY)) == 1
@@ -434,8 +438,8 @@ def test_with_validation_off_the_restart_says_so() -> None:
         fault_to_reboot(w)
         comes_back(w)
         assert validations_on(w, FAULTY) == []
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
-        assert w.repo.get_job("j").attempt == 2
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+        assert w.repo.jobs.get_job("j").attempt == 2
         assert any("node-b not validated after its reboot (validate_after_repair is false)" in r
                    for r in history_reasons(w))
 
@@ -451,22 +455,22 @@ def test_the_node_a_terminated_one_is_replaced_by_is_validated_before_it_takes_w
         w.service.on_health_check_stopped(w.health_check_stopped(check, 2))  # replace
         sweeps(w, 1)
         assert w.replacer.terminated == [f"i-{FAULTY}"]
-        watch = w.repo.get_instance(FAULTY).replacement_watch
+        watch = w.repo.instances.get_instance(FAULTY).replacement_watch
         assert watch["group"] == "gpu-nodes"
         sweeps(w, 1)  # nothing registered yet: still watching
-        assert w.repo.get_instance(FAULTY).replacement_watch == watch
+        assert w.repo.instances.get_instance(FAULTY).replacement_watch == watch
         w.ecs.spare_nodes.append("node-r1")
         w.ecs.registered["node-r1"] = w.now[0] + 1
         sweeps(w, 1)
-        new = w.repo.get_instance("node-r1")
+        new = w.repo.instances.get_instance("node-r1")
         assert new.validating and new.validation["repair"] == "replacement"
         assert new.validation["replaces"] == FAULTY
         assert w.ecs.attribute_values["node-r1"][placement.UNAVAILABLE_ATTRIBUTE] == placement.VALIDATING
-        old = w.repo.get_instance_item(FAULTY)
+        old = w.repo.instances.get_instance_item(FAULTY)
         assert old["replaced_by"] == "node-r1" and "replacement_watch" not in old
         [task] = validations_on(w, "node-r1")
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
-        new = w.repo.get_instance("node-r1")
+        new = w.repo.instances.get_instance("node-r1")
         assert new.state is C.InstanceState.AVAILABLE and not new.cordoned
 
 
@@ -480,11 +484,11 @@ def test_a_gpu_reset_is_validated_too() -> None:
             arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
         [reset] = [t for t in w.ecs.tasks.values() if t.group == C.GPU_RESET_GROUP]
         assert w.service.on_health_check_stopped(stopped(reset, 0, w.now[0])).action == "gpu_reset_passed"
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.validating and instance.validation["repair"] == "gpu_reset"
         [task] = validations_on(w, FAULTY)
         w.service.on_health_check_stopped(stopped(task, 0, w.now[0]))
-        assert w.repo.get_job("j").attempt == 2 and w.rebooter.calls == []
+        assert w.repo.jobs.get_job("j").attempt == 2 and w.rebooter.calls == []
 
 
 def test_the_validation_is_its_own_cause_in_the_jobs_goodput_ledger() -> None:
@@ -496,10 +500,10 @@ def test_the_validation_is_its_own_cause_in_the_jobs_goodput_ledger() -> None:
     with validating_world() as w:
         fault_to_reboot(w)
         comes_back(w)
-        since = float(w.repo.get_instance(FAULTY).validation["since"])
+        since = float(w.repo.instances.get_instance(FAULTY).validation["since"])
         [task] = validations_on(w, FAULTY)
         w.advance(70 - (w.now[0] - since))
         assert w.service.on_health_check_stopped(stopped(task, 0, w.now[0])).action == "validation_passed"
-        seconds = goodput_view(w.repo.get_job_item("j"))["seconds"]
+        seconds = goodput_view(w.repo.jobs.get_job_item("j"))["seconds"]
     assert seconds["validation"] == 70
     assert seconds["repair"] > 0

@@ -62,8 +62,8 @@ def _sleeper(w: World, on_first: Callable[[], None] | None = None) -> list[float
 
 
 def _rebooted(w: World) -> None:
-    assert w.repo.get_instance(FAULTY).state is InstanceState.REBOOTING
-    assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+    assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
     assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
@@ -114,7 +114,7 @@ def test_a_lost_answer_on_the_lease_write_is_passed_by_the_retry() -> None:
         w.repo.fail_once("verdict_leases.claim", "lose")
         with pytest.raises(LostResponse):
             w.service.on_health_check_stopped(detail, a)
-        assert w.repo.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         assert w.service.on_health_check_stopped(detail, a).action == "verdict_applied"
         assert pauses == []
         _rebooted(w)
@@ -168,7 +168,7 @@ def test_a_lease_taken_by_an_invocation_that_died_expires_seconds_later_not_at_i
         with pytest.raises(RuntimeError):
             w.service.on_health_check_stopped(detail, died)
         del health._apply
-        item = w.repo._repo.db.get("jobs", {C.JOB_PK: C.verdict_lease_key(detail.taskArn)})
+        item = w.repo._repo.tables.db.get("jobs", {C.JOB_PK: C.verdict_lease_key(detail.taskArn)})
         assert item is not None and float(item["lease_until"]) <= w.now[0] + VERDICT_LEASE_SECONDS
         w.advance(VERDICT_LEASE_SECONDS + 1)
         pauses = _sleeper(w)
@@ -195,22 +195,22 @@ def test_a_copy_finding_the_lease_held_reads_a_few_times_then_leaves_it_to_the_s
 
         renewing()
         reads = [0]
-        real_get = w.repo._repo.get_instance_item
+        real_get = w.repo._repo.instances.get_instance_item
 
         def counted_get(inst_id: str) -> object:
             reads[0] += 1
             renewing()
             return real_get(inst_id)
 
-        w.repo._repo.get_instance_item = counted_get
+        w.repo._repo.instances.get_instance_item = counted_get
         _sleeper(w)
         outcome = w.service.on_health_check_stopped(detail, Invocation("req-b", start + TIMEOUT))
-        w.repo._repo.get_instance_item = real_get
+        w.repo._repo.instances.get_instance_item = real_get
         assert outcome.action == "verdict_lease_held"
         assert reads[0] <= LEASE_READS + 1  # the event's first read, then the bounded looks
         assert w.now[0] - start <= TIMEOUT - 10  # inside its budget, with its margin
         assert decisions[0] == 0 and w.rebooter.calls == []
-        instance = w.repo.get_instance(FAULTY)
+        instance = w.repo.instances.get_instance(FAULTY)
         assert instance.state is InstanceState.HEALTH_CHECKING and instance.check.task_arn == detail.taskArn
         assert instance.deadline_at is not None
         assert instance.deadline_at <= w.now[0] + VERDICT_LEASE_SECONDS + 6
@@ -223,7 +223,7 @@ def test_without_an_invocation_the_verdict_takes_no_lease() -> None:
     with world() as w:
         detail = _check_stopped(w)
         assert w.service.on_health_check_stopped(detail).action == "verdict_applied"
-        assert w.repo._repo.db.get("jobs", {C.JOB_PK: C.verdict_lease_key(detail.taskArn)}) is None
+        assert w.repo._repo.tables.db.get("jobs", {C.JOB_PK: C.verdict_lease_key(detail.taskArn)}) is None
         _rebooted(w)
 
 
@@ -239,6 +239,6 @@ def test_the_lease_is_taken_kept_by_its_holder_and_refused_to_others_until_it_ex
     assert not other.taken and other.until == T0 + 60
     assert not repo.verdict_leases.claim(task, "req-b", T0 + 61, T0 + 60).taken  # not yet past it
     assert repo.verdict_leases.claim(task, "req-b", T0 + 121, T0 + 60.5).taken
-    item = repo.db.get(JOBS, {C.JOB_PK: "VERDICT#0123abcd"})
+    item = repo.tables.db.get(JOBS, {C.JOB_PK: "VERDICT#0123abcd"})
     assert item is not None and item["holder"] == "req-b" and float(item["lease_until"]) == T0 + 121
     assert int(item[C.JOB_TABLE_TTL_ATTRIBUTE]) == int(T0 + 60.5 + VERDICT_LEASE_TTL_SECONDS)

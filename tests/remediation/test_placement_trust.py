@@ -144,7 +144,7 @@ def test_a_restart_whose_node_is_taken_waits_for_it_instead_of_failing_and_says_
         assert "started by eager-scheduler" in blocked[node_a]
         from gpu_recovery.queue.jobs_api.reads import _wait_reason
 
-        assert node_a in _wait_reason(job, w.repo.job_from_item(job))
+        assert node_a in _wait_reason(job, w.repo.jobs.job_from_item(job))
         w.ecs.run_for(6 * MIN)  # the rogue task ends at ~13 min
         job = w.job("waits")
         assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), job["history"]

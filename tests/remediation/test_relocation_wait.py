@@ -107,7 +107,7 @@ def test_a_queue_job_in_a_full_cluster_goes_back_to_the_queue_head_and_starts_wh
     with world() as w:
         queue_job_running_on_three_nodes(w)
         assert w.job("q-job")["job_state"] == "RUNNING"
-        nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
+        nodes, _ = SchedulingRepository(w.repo.jobs).plan_nodes("q-job", 1, 2)
         used = [w.node_name(n.rsplit("/", 1)[-1]) for n in nodes]
         [free] = sorted({"node-0", "node-1", "node-2"} - set(used))
         short = w.ecs.register_training_task_definition("short", gpus=8)

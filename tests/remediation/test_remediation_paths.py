@@ -75,9 +75,9 @@ def test_replace_terminates_the_node_in_its_auto_scaling_group_and_the_job_moves
         w.ecs.run_for(10 * MIN)
         assert w.ranks_on("asg-job") == ["node-a", "node-c"]
         # moved, each rank item keeps its attempt-1 task (`gpujobs logs --attempt 1` reads it)
-        job = w.repo.get_job("asg-job")
+        job = w.repo.jobs.get_job("asg-job")
         assert job is not None and job.attempt == 2
-        assert [r.task_of_attempt(1).task_arn for r in w.repo.get_ranks(job)] == first  # type: ignore[union-attr]
+        assert [r.task_of_attempt(1).task_arn for r in w.repo.jobs.get_ranks(job)] == first  # type: ignore[union-attr]
         node_b = w.node_item("node-b")
         assert node_b["instance_state"] == "QUARANTINED" and "terminat" in node_b["terminate_result"]
         assert w.ecs.counters["terminations"] == 1 and w.ecs.counters["reboots"] == 0
@@ -145,7 +145,7 @@ def test_a_queue_job_is_relocated_through_the_scheduler_at_the_head_of_its_prior
         assert early["job_state"] in ("QUEUED", "PENDING_RESOURCES")
         from gpu_recovery.repository.scheduling import SchedulingRepository
 
-        nodes, _ = SchedulingRepository(w.repo).plan_nodes("q-job", 1, 2)
+        nodes, _ = SchedulingRepository(w.repo.jobs).plan_nodes("q-job", 1, 2)
         victim = w.node_name(nodes[1].rsplit("/", 1)[-1])
         w.ecs.inject_gpu_fault(victim, after=MIN, health="replace", nccl_cascade=True)
         seen: list[str] = []

@@ -51,7 +51,7 @@ def test_a_dead_gpu_moves_the_job_onto_the_spare_before_the_diag_and_the_node_is
         assert checked["fault_history"][-1]["job_id"] == "reloc"  # the job's evidence, on the node
         suspect = w.repo.faults.get_suspect("reloc", 1, node_b)
         assert suspect.verdict.value == "LEFT"
-        after = w.repo.db.get(w.aws.job_table, {C.JOB_PK: C.suspect_item_key("reloc", 1, node_b)})
+        after = w.repo.tables.db.get(w.aws.job_table, {C.JOB_PK: C.suspect_item_key("reloc", 1, node_b)})
         assert after["after_leaving"]["node_state"] == "QUARANTINED"
         job = w.job("reloc")
         assert (job["attempt"], job["recoveries_used"]) == (2, 1)  # the verdict charged nothing more

@@ -18,7 +18,7 @@ def test_a_jobs_deadline_is_pushed_only_on_the_state_and_attempt_it_was_read_in(
     with world() as w:
         w.register_job(JOB, [NODE])
         deadlines, now = w.repo.deadlines, w.now[0]
-        job = w.repo.get_job(JOB)
+        job = w.repo.jobs.get_job(JOB)
         assert job is not None
         assert deadlines.rearm_job(job, now + 60)
         assert job_item(JOB)["deadline_at"] == now + 60
@@ -32,7 +32,7 @@ def test_the_sweep_clears_only_the_deadline_it_read() -> None:
     with world() as w:
         w.register_job(JOB, [NODE])
         deadlines, now = w.repo.deadlines, w.now[0]
-        job = w.repo.get_job(JOB)
+        job = w.repo.jobs.get_job(JOB)
         assert job is not None and deadlines.rearm_job(job, now + 60)
         assert deadlines.rearm_job(job, now + 120)  # a stage pushed it after the sweep's read
         assert not deadlines.clear_job(JOB, JobState.RUNNING, now + 60)

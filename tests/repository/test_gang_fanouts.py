@@ -20,13 +20,13 @@ def job_with_stop(w: World) -> Job:
     """JOB running attempt 1 on two nodes, its stop intent committed and not sent."""
     w.register_job(JOB, ["node-a", "node-b"])
     set_job_fields(JOB, stop_fanout={"attempt": 1, "why": "rank 0 exited", "at": w.now[0]})
-    job = w.repo.get_job(JOB)
+    job = w.repo.jobs.get_job(JOB)
     assert job is not None
     return job
 
 
 def rank_zero(w: World) -> Rank:
-    rank = w.repo.get_rank(JOB, 0)
+    rank = w.repo.jobs.get_rank(JOB, 0)
     assert rank is not None
     return rank
 

@@ -15,14 +15,14 @@ JOB, NODE = "job-a", "node-a"
 
 def node_in(w: World, state: InstanceState, **fields: object) -> Instance:
     set_instance_fields(NODE, instance_state=state.value, **fields)
-    instance = w.repo.get_instance(NODE)
+    instance = w.repo.instances.get_instance(NODE)
     assert instance is not None and instance.state is state
     return instance
 
 
 def lost_job(w: World) -> Job:
     set_job_fields(JOB, job_state=JobState.NODE_LOST.value)
-    job = w.repo.get_job(JOB)
+    job = w.repo.jobs.get_job(JOB)
     assert job is not None
     return job
 

@@ -19,7 +19,7 @@ def rebooting(w: World, *, waiting: set[str] | None = None) -> Instance:
     if waiting:
         fields["waiting_jobs"] = waiting
     set_instance_fields(NODE, **fields)
-    instance = w.repo.get_instance(NODE)
+    instance = w.repo.instances.get_instance(NODE)
     assert instance is not None
     return instance
 

@@ -18,7 +18,7 @@ ACTIVE = [JobState.STARTING, JobState.RUNNING]
 
 
 def rank(w: World, number: int) -> Rank:
-    found = w.repo.get_rank(JOB, number)
+    found = w.repo.jobs.get_rank(JOB, number)
     assert found is not None
     return found
 
@@ -64,7 +64,7 @@ def test_a_restart_in_place_charges_its_budget_once() -> None:
     with world() as w:
         w.register_job(JOB, ["node-a", "node-b"])
         events, now = w.repo.rank_events, w.now[0]
-        job = w.repo.get_job(JOB)
+        job = w.repo.jobs.get_job(JOB)
         assert job is not None
         written = [events.restart_in_place(  # the event, then its redelivery
             job, from_states=ACTIVE, reason="rank 0 exited 1", now=now, deadline_at=now + 60,

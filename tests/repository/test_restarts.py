@@ -20,7 +20,7 @@ def job_in(w: World, state: JobState) -> Job:
     """JOB of attempt 1 on two nodes, in ``state`` (as the stage before wrote it)."""
     w.register_job(JOB, ["node-a", "node-b"])
     set_job_fields(JOB, job_state=state.value)
-    job = w.repo.get_job(JOB)
+    job = w.repo.jobs.get_job(JOB)
     assert job is not None and job.state is state
     return job
 

@@ -52,7 +52,7 @@ def test_the_owners_word_that_lands_before_the_finish_is_what_the_job_ends_with(
         landed = owner_lands_before_the_finish(w, not held_before)
         w.stopped_by_the_stack(arns)
         assert landed == [True]
-        item = w.repo.get_job_item("j")
+        item = w.repo.jobs.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value
         assert item["held"] is (not held_before)
         assert (C.QUEUE_SK in item) is held_before

@@ -116,8 +116,8 @@ def test_a_higher_priority_job_preempts_gracefully_and_the_victim_resumes(tc, mo
     assert any(r.startswith("STARTING: resumed (resume 1") and high in r for r in history)
     assert used(tc, "alice", LOW) == 4 and used(tc, "bob", HIGH) == 0
     # The relaunch kept attempt 1's task on each rank item (its log is read by attempt).
-    job = tc.repo.get_job(low)
-    kept = [r.task_of_attempt(1) for r in tc.repo.get_ranks(job)]
+    job = tc.repo.jobs.get_job(low)
+    kept = [r.task_of_attempt(1) for r in tc.repo.jobs.get_ranks(job)]
     assert sorted(t.task_arn for t in kept if t is not None) == first_tasks
 
 
@@ -137,7 +137,7 @@ def test_a_job_that_ignores_the_suspend_is_stopped_by_force_after_its_grace(tc):
     assert item["job_state"] == "SUSPENDED", reasons(tc, low)
     assert "grace of 60 s over" in item["suspend"]["stop_reason"]
     assert item["recoveries_used"] == 0 and not item.get("suspects")
-    ranks = tc.repo.get_ranks(tc.repo.get_job(low))
+    ranks = tc.repo.jobs.get_ranks(tc.repo.jobs.get_job(low))
     assert {r.state for r in ranks} == {RankState.STOPPED}
     assert not any(t.health_check for t in tc.sim.tasks.values())
 

@@ -26,9 +26,9 @@ def charged(w: World) -> HoldingRepository:
     """The job holds its two nodes against alice's quota (as the scheduler's launch claim wrote)."""
     ddb = boto3.resource("dynamodb", region_name=REGION)
     ddb.create_table(TableName="quota", BillingMode="PAY_PER_REQUEST", **C.table_definitions()["quota"])
-    holding = HoldingRepository(w.repo, QuotaRepository(ddb, "quota"))
+    holding = HoldingRepository(w.repo.jobs, QuotaRepository(ddb, "quota"))
     charge = QuotaCharge("alice", 10, 2)
-    assert w.repo.db.transact([
+    assert w.repo.tables.db.transact([
         Update(table="jobs", key={C.JOB_PK: C.job_item_key("j")},
                set_fields=holding.charge_fields(charge, w.now[0])),
         holding.quotas.charge_update(charge, limit_read=None, default_limit=None)])
@@ -50,7 +50,7 @@ def sweep_until_it_leaves_suspending(w: World, minutes: int) -> int:
     for minute in range(1, minutes + 1):
         w.advance(60)
         w.service.sweep()
-        if w.repo.get_job("j").state is not JobState.SUSPENDING:
+        if w.repo.jobs.get_job("j").state is not JobState.SUSPENDING:
             return minute
     return minutes + 1
 
@@ -67,7 +67,7 @@ def test_a_suspension_whose_rank_is_never_confirmed_stopped_fails_the_job_once_i
         holding = charged(w)
         w.stopped_by_the_stack(arns[:1])  # rank 0 stopped; node-b's agent never answers
         took = sweep_until_it_leaves_suspending(w, minutes=4 * 60)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED, f"still {job.state.value} after {took} minutes"
         assert w.ecs.stop_calls.count(arns[1]) == 1 + MAX_STOP_ROUNDS
         assert w.ecs.stop_calls.count(arns[0]) == 1
@@ -78,10 +78,10 @@ def test_a_suspension_whose_rank_is_never_confirmed_stopped_fails_the_job_once_i
         for _ in range(3):
             w.advance(60)
             w.service.sweep()
-        item = w.repo.get_job_item("j")
+        item = w.repo.jobs.get_job_item("j")
         assert "stop_fanout" not in item and C.DEADLINE_SK not in item
         assert w.ecs.stop_calls.count(arns[1]) == 1 + MAX_STOP_ROUNDS  # nothing asked again
-        sharing = TimeSharing(w.repo, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+        sharing = TimeSharing(w.repo.jobs, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
         assert sharing.housekeeping(w.now[0])["released"] == ["j"]
         assert int(holding.quotas.get("alice", 10)["used_nodes"]) == 0
 
@@ -94,6 +94,6 @@ def test_a_suspension_whose_last_rank_stops_late_is_suspended_not_failed() -> No
         w.stopped_by_the_stack(arns[:1])
         assert sweep_until_it_leaves_suspending(w, minutes=30) == 31
         w.stopped_by_the_stack(arns[1:])
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.SUSPENDED
         assert w.notifier.sent == []

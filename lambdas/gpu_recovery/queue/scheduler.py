@@ -165,8 +165,22 @@ class SchedulerData(Protocol):
     faults: FaultRepository
     latches: LatchRepository
 
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    @property
+    def jobs(self) -> SchedulerJobs: ...
+    @property
+    def instances(self) -> SchedulerNodes: ...
+
+
+class SchedulerJobs(Protocol):
+    """The ranks a node's GPUs are recorded for."""
+
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+class SchedulerNodes(Protocol):
+    """The nodes' items, read in batches."""
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
 
 
 class QueueScheduler:
@@ -285,7 +299,7 @@ class QueueScheduler:
         job is not launched this tick (``recovery.free_nodes``; one Query per node placed)."""
         nodes = [SpareNode(n, infos[n].placed.container_instance_arn, "", infos[n].node.free_gpus, total)
                  for n in step.nodes if (total := infos[n].node.total_gpus) is not None]
-        disagree = unhandled_stops(self.repo, nodes)
+        disagree = unhandled_stops(self.repo.jobs, nodes)
         if disagree:
             result.blocked.append(step.job_id)
         return bool(disagree)
@@ -375,7 +389,7 @@ class QueueScheduler:
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
-        states = self.repo.get_instances(ids) if ids else {}
+        states = self.repo.instances.get_instances(ids) if ids else {}
         held, waits = self._held_for_restart()
         held |= self._launching
         whys: dict[str, str] = {}
@@ -522,12 +536,12 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
                                                     ssm_client)
     if quotas is None and dynamodb is not None:
         quotas = QuotaRepository(dynamodb, config.sharing.quota_table)
-    holding = HoldingRepository(repo, quotas) if quotas is not None else None
-    store = SchedulingRepository(repo, holding)
+    holding = HoldingRepository(repo.jobs, quotas) if quotas is not None else None
+    store = SchedulingRepository(repo.jobs, holding)
     lease = Lease(store, owner, config.lease_seconds)
-    launcher = Launcher(repo, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
+    launcher = Launcher(repo.jobs, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
                         sharing=config.sharing)
-    sharing = TimeSharing(repo, holding, recovery, config.sharing) if holding is not None else None
+    sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
     return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
 
 

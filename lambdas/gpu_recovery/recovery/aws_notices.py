@@ -70,7 +70,7 @@ from gpu_recovery.recovery.ports import (
     after_commit,
 )
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
+from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNode, ReadsNodeItems
 from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.settings import Settings
 
@@ -90,13 +90,25 @@ class CapacityPort(Protocol):
     def instances_in(self, reservation_id: str) -> list[str]: ...
 
 
-class NoticeData(ReadsNodeItems, Protocol):
+class NoticeJobs(ReadsJob, Protocol):
+    """The jobs on a node AWS gave notice of."""
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+class NoticeNodes(ReadsNodeItems, ReadsNode, Protocol):
+    """The node AWS gave notice of (recorded if the loop never saw it)."""
+
+    def put_instance_if_absent(self, instance: Instance) -> bool: ...
+
+
+class NoticeData(Protocol):
     """The node and the jobs on it."""
 
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def put_instance_if_absent(self, instance: Instance) -> bool: ...
-    def get_job(self, job_id: str) -> Job | None: ...
-    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    @property
+    def jobs(self) -> NoticeJobs: ...
+    @property
+    def instances(self) -> NoticeNodes: ...
 
 
 class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
@@ -182,18 +194,19 @@ class AwsNotices:
     def apply(self, notice: Notice, inst_id: str, arn: str, ec2_id: str, now: float) -> str:
         """The notice on one node: recorded with its cordon and e-mail, then its jobs asked."""
         repo = self.data
-        repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=arn, ec2_instance_id=ec2_id))
-        raw = repo.get_instance_item(inst_id) or {}
+        repo.instances.put_instance_if_absent(Instance(inst_id, container_instance_arn=arn,
+                                                       ec2_instance_id=ec2_id))
+        raw = repo.instances.get_instance_item(inst_id) or {}
         current = dict(raw.get("notice") or {})
         if current.get("key") == notice.key:
             recorded = False  # a duplicate delivery, or a retry after the record: the jobs again
         elif current and not _more_urgent(notice, current):
             return "notice_already_more_urgent"
         else:
-            cordon = None if repo.instance_from_item(raw).cordoned else {
+            cordon = None if repo.instances.instance_from_item(raw).cordoned else {
                 **cordon_record(cause=f"aws-notice:{notice.kind.value}", reason=notice.describe(), now=now,
                                 ecs=ECS_PENDING), "notice": True}
-            busy = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
+            busy = sorted({r.job_id for r in repo.jobs.live_ranks_on_instance(inst_id)})
             owed = self._node_notice(notice, inst_id, ec2_id, busy, already_cordoned=cordon is None)
             record = {**notice.as_record(), "jobs": {}}
             replaces = str(current.get("key") or "")
@@ -205,10 +218,10 @@ class AwsNotices:
             if cordon is not None:
                 after_commit("aws-notice cordon", self.cordons.sync_quietly, inst_id)
             recorded = True
-        after = repo.get_instance(inst_id)
+        after = repo.instances.get_instance(inst_id)
         if after is None or after.notice.get("key") != notice.key:
             return "raced"
-        live = repo.live_ranks_on_instance(inst_id)
+        live = repo.jobs.live_ranks_on_instance(inst_id)
         asked_now = self._ask_jobs(inst_id, after.notice, live, now)
         if stop_due(_float(after.notice.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS):
             # Due already (a Spot warning's two minutes): stopped now, not at the next sweep.
@@ -224,7 +237,7 @@ class AwsNotices:
         count = 0
         stopping = stop_due(_float(record.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS)
         for job_id in sorted({r.job_id for r in live}):
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             if job is None or asked(record, job_id, job.attempt) or job.state not in _STARTED:
                 continue
             if stopping and self._stoppable(job):
@@ -334,7 +347,7 @@ class AwsNotices:
         nothing is left to do)."""
         repo = self.data
         key, deadline = str(record["key"]), _float(record.get("deadline"))
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None or job.attempt != rank.attempt or not self._stoppable(job):
             return 0, True
         moved = 0
@@ -362,7 +375,7 @@ class AwsNotices:
             self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
-            job = repo.get_job(job_id) or job
+            job = repo.jobs.get_job(job_id) or job
             after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
         unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
                   and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
@@ -397,13 +410,13 @@ class AwsNotices:
         deadline the jobs still there are counted (they crash with the node); after a
         maintenance window the node returns to service."""
         repo = self.data
-        instance = repo.get_instance(inst_id)
+        instance = repo.instances.get_instance(inst_id)
         if instance is None or not instance.notice:
             return "ignored"
         record = instance.notice
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         if deadline is None or now < deadline:
-            live = repo.live_ranks_on_instance(inst_id)  # read once for every step below
+            live = repo.jobs.live_ranks_on_instance(inst_id)  # read once for every step below
             self._stop_again(live, now)
             asked_now = self._ask_jobs(inst_id, record, live, now)
             if stop_due(deadline, now, RECOVERY_SWEEP_RATE_SECONDS):
@@ -412,7 +425,7 @@ class AwsNotices:
             self._rearm(inst_id, record, live, now, drain_owed=owes_drain(record) and not drained)
             return "notice_moving_jobs" if asked_now else "notice_waiting"
         if not record.get("ended_at"):
-            left = sorted({r.job_id for r in repo.live_ranks_on_instance(inst_id)})
+            left = sorted({r.job_id for r in repo.jobs.live_ranks_on_instance(inst_id)})
             if left:
                 self.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
                 logger.error("jobs still on a node at its AWS deadline",
@@ -459,7 +472,7 @@ class AwsNotices:
             asked_at = rank.stop_requested_at or now
             if rank.state is not RankState.STOP_REQUESTED or asked_at > now - RESTOP_AFTER_SECONDS:
                 continue
-            job = repo.get_job(rank.job_id)
+            job = repo.jobs.get_job(rank.job_id)
             if job is None or job.attempt != rank.attempt or not _moving_off_notice(job):
                 continue
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")

@@ -35,10 +35,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Instance, container_instance_id
+from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
 
 logger = logging.getLogger(__name__)
@@ -75,13 +75,19 @@ def views(described: Iterable[Mapping[str, Any]], instances: Mapping[str, Instan
     return out
 
 
-def unhandled_stops(repo: Any, nodes: Iterable[SpareNode]) -> dict[str, str]:
+class LiveRanksOnNodes(Protocol):
+    """Of the jobs aggregate: the ranks still holding a node's GPUs."""
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+def unhandled_stops(jobs: LiveRanksOnNodes, nodes: Iterable[SpareNode]) -> dict[str, str]:
     """node id -> why, for each of ``nodes`` (as ECS describes them) where a rank the stack
     records as holding GPUs has them free in ECS: its stop is not handled yet (one Query of
     the live ranks on each node)."""
     found: dict[str, str] = {}
     for node in nodes:
-        live = repo.live_ranks_on_instance(node.node_id)
+        live = jobs.live_ranks_on_instance(node.node_id)
         recorded = sum(max(1, int(r.gpus or 0)) for r in live)
         if live and placement.unhandled_stop(free_gpus=node.free_gpus, total_gpus=node.total_gpus,
                                              recorded_gpus=recorded):

@@ -107,7 +107,7 @@ class GangRestart:
         self.nodes = nodes
         self.suspension_items = suspension_items
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
-        self.waits = RestartWaits(data, records, ecs,
+        self.waits = RestartWaits(data.jobs, records, ecs,
                                   lambda job, reason, action: self.fail_waiting(job, reason, action),
                                   wait_seconds=settings.relocation_wait_seconds, metrics=metrics)
         # Told: a job's restart placed every rank, or the job ended (its reservations go; the
@@ -121,7 +121,7 @@ class GangRestart:
         """Restart every rank of a job once every instance it needs is available, or
         relocate it off the instances it can no longer use."""
         repo = self.data
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_RESTART:
             return Outcome("ignored", job_id, {"why": "not pending restart"})
         job = repo.faults.counted(job)  # healthy verdicts counted on the tally's shards
@@ -169,7 +169,7 @@ class GangRestart:
         now = clock.now()
         if not self.records.claim(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
             return Outcome("duplicate", job_id)
-        started = repo.get_job(job_id) or job
+        started = repo.jobs.get_job(job_id) or job
         return self._launch(started)
 
     def _launch(self, job: Job) -> Outcome:
@@ -180,7 +180,7 @@ class GangRestart:
             logger.warning("gang restart not sent; the sweep resumes it", exc_info=True,
                            extra={"job_id": job.job_id})
             return Outcome("restarted_partly", job.job_id, {"attempt": job.attempt})
-        fresh = self.data.get_job(job.job_id) or job
+        fresh = self.data.jobs.get_job(job.job_id) or job
         if fresh.state is JobState.RUNNING and fresh.attempt == job.attempt:
             return Outcome("restarted", job.job_id, {"attempt": job.attempt})
         if fresh.state is JobState.FAILED:
@@ -190,7 +190,7 @@ class GangRestart:
     # --------------------------------------------------------------- relocation
     def _unusable_nodes(self, job: Job) -> list[str]:
         nodes = self.data.latches.job_nodes(job.job_id, job.attempt, job.world_size)
-        instances = self.data.get_instances(nodes) if nodes else {}
+        instances = self.data.instances.get_instances(nodes) if nodes else {}
         return sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
 
     def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None,
@@ -255,7 +255,7 @@ class GangRestart:
         nodes = placement.lent_to_reclaim(gpus, free, [healthy[n] for n in sorted(lent) if n in healthy])
         asked: list[str] = []
         for lent_job in sorted({lent[n] for n in nodes}):
-            borrower = self.data.get_job(lent_job)
+            borrower = self.data.jobs.get_job(lent_job)
             if borrower is None or borrower.state is not JobState.RUNNING or not borrower.is_queue_job:
                 continue  # already suspending, ended, or a stale lend: the node frees by itself
             item = self.suspension_items.job_item(lent_job) or {}
@@ -291,7 +291,7 @@ class GangRestart:
                                   placement=placement, moves=moves, reason=reason):
             return Outcome("duplicate", job.job_id)
         self.metrics.add_metric("Relocations", "Count", 1)
-        started = self.data.get_job(job.job_id) or job
+        started = self.data.jobs.get_job(job.job_id) or job
         # Its targets stay reserved for it until every rank is placed (on_started releases
         # them): a node is never without its attribute between its hold and its rank.
         launched = self._launch(started)
@@ -357,12 +357,12 @@ class GangRestart:
             if self.records.leave_suspects_before_verdict(job, pending, reason=f"spare first: {why}",
                                                           deadline_at=clock.now() + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("SpareFirstMoves", "Count", 1)
-                left = repo.get_job(job.job_id)
+                left = repo.jobs.get_job(job.job_id)
                 if left is None or left.state is not JobState.PENDING_RESTART or left.attempt != job.attempt:
                     return Outcome("duplicate", job.job_id)
                 return self._claim_moves(left, targets, why)
             # A verdict (or another delivery) landed meanwhile: decide again on fresh counts.
-            fresh = repo.get_job(job.job_id)
+            fresh = repo.jobs.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt:
                 return Outcome("duplicate", job.job_id)
             job = fresh
@@ -385,7 +385,7 @@ class GangRestart:
             if self.records.wait_for_relocation(job, wait, now + RETRY_INTERVAL_SECONDS):
                 self.metrics.add_metric("RelocationWaits", "Count", 1)
                 return Outcome("waiting", job.job_id, {"why": "no healthy free node", "until": wait.until})
-            fresh = repo.get_job(job.job_id)
+            fresh = repo.jobs.get_job(job.job_id)
             if fresh is None or fresh.state is not JobState.PENDING_RESTART or fresh.attempt != job.attempt \
                     or fresh.relocation_wait is None:
                 return Outcome("duplicate", job.job_id)
@@ -414,7 +414,7 @@ class GangRestart:
         return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
 
     def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
-        item = self.data.get_job_item(job.job_id) or {}
+        item = self.data.jobs.get_job_item(job.job_id) or {}
         order = relocated_queue_order(int(item.get("priority") or 0),
                                       float(item.get("submitted_at") or job.created_at), job.job_id)
         now = clock.now()
@@ -491,7 +491,7 @@ class GangRestart:
         if wait is not None or not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
             action = "restart_resuming"
             self._launch(job)
-        fresh = self.data.get_job(job.job_id)
+        fresh = self.data.jobs.get_job(job.job_id)
         if fresh is not None and fresh.state is JobState.STARTING and fresh.attempt == job.attempt:
             self.data.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
         return action
@@ -511,7 +511,7 @@ class GangRestart:
         claim is its own time (no read)."""
         if clock.now() - job.updated_at <= PROMPT_CONFIRMATION_SECONDS:
             return {}
-        rank0 = self.data.get_rank(job.job_id, 0)
+        rank0 = self.data.jobs.get_rank(job.job_id, 0)
         if rank0 is None or rank0.attempt != job.attempt or not rank0.registered_at:
             return {}
         # Its task's RUNNING when that event came first (else rank 0's RUNNING event marks it later).
@@ -528,7 +528,7 @@ class GangRestart:
         if not is_placement_race(why):
             self._fail_restart(job, rank, why)
             return
-        fresh = self.data.get_job(job.job_id) or job
+        fresh = self.data.jobs.get_job(job.job_id) or job
         if fresh.state is not JobState.STARTING or fresh.attempt != job.attempt:
             return
         moves = self.data.faults.placement(job.job_id, job.attempt) if job.relocated else {}
@@ -548,13 +548,13 @@ class GangRestart:
             "Job failed: restart failed", what_happened=reason,
             what_was_done="Job marked FAILED; started ranks stopped",
             operator_action="Check the cluster's capacity and the instance, then resubmit the job.")
-        if ended(self.metrics, self.data, job.job_id, self.data.finish_job(
+        if ended(self.metrics, self.data.jobs, job.job_id, self.data.jobs.finish_job(
                 job.job_id, None, JobState.FAILED, reason, fields={"last_error": reason},
                 stop_ranks_of=job.attempt, stop_why="restart failed", also=self.notices.owe([notice]))):
             self.released(job.job_id)
             self.notices.send([notice])
             self.metrics.add_metric("Failures", "Count", 1)
-            fresh = self.data.get_job(job.job_id) or job
+            fresh = self.data.jobs.get_job(job.job_id) or job
             with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                 self.gang.stop(fresh)
 
@@ -570,7 +570,7 @@ class GangRestart:
             "Job failed: cannot be restarted", what_happened=reason, what_was_done="Job marked FAILED",
             operator_action=operator_action or (
                 "Repair or replace the node, set it ACTIVE again, and resubmit the job."))
-        if not ended(self.metrics, self.data, job.job_id, self.data.finish_job(
+        if not ended(self.metrics, self.data.jobs, job.job_id, self.data.jobs.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason},
                 from_states=[from_state or job.state], stop_ranks_of=job.attempt, stop_why="job failed",
                 also=self.notices.owe([notice]))):

@@ -33,7 +33,7 @@ from gpu_recovery.recovery.node_tasks import FOREIGN_TASK, HEALTH_CHECK, NodeTas
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
+from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNodeItems
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
@@ -75,13 +75,16 @@ def _conflicted(error: ClientError) -> bool:
     code = error.response.get("Error", {}).get("Code", "")
     return code in ("TransactionCanceledException", "TransactionConflictException") and is_contention(error)
 
-class CheckVerdictData(ReadsNodeItems, Protocol):
+class CheckVerdictData(Protocol):
     """What a verdict reads and writes: the node, the jobs waiting for it, their suspects'
     recorded evidence."""
 
     faults: FaultRepository
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    @property
+    def jobs(self) -> ReadsJob: ...
+    @property
+    def instances(self) -> ReadsNodeItems: ...
 
 
 class HealthCheckVerdicts:
@@ -122,7 +125,7 @@ class HealthCheckVerdicts:
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.data
         log_findings: dict[str, Any] | None = None
-        raw = repo.get_instance_item(inst_id) if inst_id else None
+        raw = repo.instances.get_instance_item(inst_id) if inst_id else None
         lease: verdict_lease.HeldLease | None = None
         if invocation is not None and raw is not None:
             leased = self._take_verdict_lease(inst_id, raw, detail, invocation)
@@ -133,8 +136,8 @@ class HealthCheckVerdicts:
         round_ = 0
         while round_ < VERDICT_ROUNDS or (round_ < VERDICT_MAX_ROUNDS and clock.now() < give_up_at):
             if round_:
-                raw = repo.get_instance_item(inst_id) if inst_id else None  # read once per round
-            instance = repo.instance_from_item(raw) if raw else None
+                raw = repo.instances.get_instance_item(inst_id) if inst_id else None  # read once per round
+            instance = repo.instances.instance_from_item(raw) if raw else None
             if instance is None or raw is None:
                 return Outcome("ignored", detail={"why": "untracked instance"})
             if not self.ours(instance, detail):
@@ -224,21 +227,21 @@ class HealthCheckVerdicts:
         seen: list[dict[str, Any] | None] = [raw]  # the instance item as last read
 
         def reread() -> dict[str, Any] | None:
-            seen[0] = repo.get_instance_item(inst_id)
+            seen[0] = repo.instances.get_instance_item(inst_id)
             return seen[0]
 
         def still_ours(item: dict[str, Any]) -> bool:
-            return self.ours(repo.instance_from_item(item), detail)
+            return self.ours(repo.instances.instance_from_item(item), detail)
 
         if not still_ours(raw):
-            return self.reboots.converge_after_verdict(repo.instance_from_item(raw))
+            return self.reboots.converge_after_verdict(repo.instances.instance_from_item(raw))
         taken = verdict_lease.take(self.leases, self.metrics, detail.taskArn, invocation, reread, still_ours)
         last = seen[0]
         if last is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
         if isinstance(taken, verdict_lease.HeldLease):
             return taken, last
-        instance = repo.instance_from_item(last)
+        instance = repo.instances.instance_from_item(last)
         if taken is None:
             return self.reboots.converge_after_verdict(instance)
         self.tasks.record_until(HEALTH_CHECK, instance, instance.check.started_by, detail.taskArn,
@@ -266,7 +269,7 @@ class HealthCheckVerdicts:
                     **log_findings}
         # The exit code is the contract; a log line that disagrees (or is missing) never wins.
         findings["exit_code"], findings["verdict"] = exit_code, verdict.name.lower()
-        jobs = [j for j in (repo.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
+        jobs = [j for j in (repo.jobs.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
         now = clock.now()
         dcgm = DcgmFindings.from_verdict_json(findings, exit_code=exit_code, task_arn=detail.taskArn)
         evidence = self.evidence(instance, raw, jobs).with_dcgm(dcgm, now)

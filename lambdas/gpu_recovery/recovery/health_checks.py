@@ -67,7 +67,13 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
-from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
+from gpu_recovery.recovery.stage_data import (
+    ReadsJob,
+    ReadsNode,
+    ReadsNodeItems,
+    RecordsNodeDecisions,
+    RecordsObservedFaults,
+)
 from gpu_recovery.recovery.undiagnosed import settle_undiagnosed
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.health_check_slots import Claim, HealthCheckSlots
@@ -109,15 +115,27 @@ def group_started_by(instances: Sequence[Instance]) -> str:
         f"{i.container_inst_id}:{i.hc_requested_at}:{i.check.attempts}" for i in instances))
 
 
-class HealthCheckData(CheckVerdictData, RecordsNodeDecisions, RecordsObservedFaults, Protocol):
+class HealthCheckData(CheckVerdictData, RecordsNodeDecisions, Protocol):
     """What the check reads and writes besides its verdict's and its own records: the node,
     the slots it waits for, a busy node's known verdict, its deadline pushed."""
 
     deadlines: DeadlineIndex
     slots: HealthCheckSlots
 
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    @property
+    def jobs(self) -> CheckJobs: ...
+    @property
+    def instances(self) -> CheckNodes: ...
+
+
+class CheckJobs(ReadsJob, Protocol):
+    """The jobs waiting for a check."""
+
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+class CheckNodes(ReadsNodeItems, ReadsNode, RecordsObservedFaults, Protocol):
+    """The node checked; a fault observed only."""
 
 
 class HealthChecks:
@@ -157,7 +175,7 @@ class HealthChecks:
         if not self.policy.modes.executes(Effect.HEALTH_CHECK):
             return self._diag_observed(job, inst_id)
         repo = self.data
-        instance = repo.get_instance(inst_id)
+        instance = repo.instances.get_instance(inst_id)
         if instance is not None and instance.state in HEALTH_CHECK_STATES and job.job_id in instance.hc_jobs:
             if opened is not None:  # joined by an earlier delivery
                 opened()
@@ -176,7 +194,7 @@ class HealthChecks:
     def _instance_busy(self, job: Job, inst_id: str) -> str:
         """The instance is already rebooting or quarantined (another job's fault): the
         verdict this job waits for is already known."""
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         if instance is None:
             return "instance_missing"
         if instance.state is InstanceState.REBOOTING:
@@ -204,11 +222,11 @@ class HealthChecks:
                                                                    also=owed):
                 self.notices.send([notice])
                 if outcome.fails:
-                    job_failed(self.metrics, self.data, job.job_id)
+                    job_failed(self.metrics, self.data.jobs, job.job_id)
                 if outcome.restarts:
                     after_commit("restart", self.reactions.emit, RestartDue(job.job_id))
                 return result
-            fresh = self.data.get_job(job.job_id)
+            fresh = self.data.jobs.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
                 return "moved_on"
             job = fresh
@@ -224,10 +242,10 @@ class HealthChecks:
         suspect = repo.faults.get_suspect(job.job_id, job.attempt, inst_id)
         if suspect is not None and not suspect.pending:
             return "observed"
-        raw = repo.get_instance_item(inst_id)
+        raw = repo.instances.get_instance_item(inst_id)
         if raw is None:
             return "instance_missing"
-        instance = repo.instance_from_item(raw)
+        instance = repo.instances.instance_from_item(raw)
         now = clock.now()
         evidence = self.verdicts.evidence(instance, raw, [job])
         plan = self.remediation.plan(evidence, raw, now=now)
@@ -250,10 +268,10 @@ class HealthChecks:
         self.notices.send([notice])
         self.metrics.add_metric("ObservedFaults", "Count", 1)
         if outcome.fails:
-            job_failed(self.metrics, self.data, job.job_id)
+            job_failed(self.metrics, self.data.jobs, job.job_id)
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
-        after_commit("observed fault", partial(repo.record_observed_fault, inst_id, fault_history=None,
-                                               last_fault=last_fault))
+        after_commit("observed fault", partial(repo.instances.record_observed_fault, inst_id,
+                                               fault_history=None, last_fault=last_fault))
         if outcome is JobOutcome.RELOCATE:
             after_commit("relocation", self.reactions.emit, RestartDue(job.job_id))
         return "observed"
@@ -265,7 +283,7 @@ class HealthChecks:
         ``turn_within``: how long it may wait for its turn at the ECS budget.
         ``wait_for_group``: a grouped check starts only with ``GROUP_SIZE`` waiting (a rank's
         stop: more of its job's nodes are coming); else with those waiting now (the sweep)."""
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         return self._start_read(instance, turn_within=turn_within,
                                 wait_for_group=wait_for_group) if instance is not None else None
 
@@ -349,7 +367,7 @@ class HealthChecks:
             return {}
         # A check waits only once its node's GPUs were free (a suspect node is out of the
         # stack's placements since): they are not looked up again.
-        waiting = [i for i in map(self.data.get_instance, ids) if i is not None
+        waiting = [i for i in map(self.data.instances.get_instance, ids) if i is not None
                    and i.state is InstanceState.HEALTH_CHECK_PENDING and i.hc_waiting_for_slot]
         if full_groups_only and sum(i.hc_grouped for i in waiting) < GROUP_SIZE:
             waiting = [i for i in waiting if not i.hc_grouped]
@@ -445,7 +463,7 @@ class HealthChecks:
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is
         still in recovery, else try it (its jobs' queues are kicked every minute anyway)."""
-        jobs = [self.data.get_job(j) for j in sorted(instance.hc_jobs)]
+        jobs = [self.data.jobs.get_job(j) for j in sorted(instance.hc_jobs)]
         # A node its jobs left before the verdict (spare first) still needs its check, and so
         # does a node a rank's stop fenced as a suspect (out of placement until it is judged).
         if not instance.hc_left and not instance.fenced \

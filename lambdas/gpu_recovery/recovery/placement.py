@@ -38,20 +38,21 @@ it is free (``recovery.free_nodes``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Instance, Job, container_instance_id
+from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES
 from gpu_recovery.recovery.cordons import Cordons
-from gpu_recovery.recovery.free_nodes import unhandled_stops, views
+from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import ListsContainerInstances
 from gpu_recovery.recovery.restart_nodes import RestartNodes
+from gpu_recovery.recovery.stage_data import ReadsInstances
 from gpu_recovery.repository.cordons import CordonRepository, Worklist
 from gpu_recovery.settings import Settings
 
@@ -63,11 +64,15 @@ _RELOCATED = ("restarted", "restarting", "restarted_partly")
 
 
 class HoldData(Protocol):
-    """The holds (on the cordon worklist) and the nodes' records."""
+    """The holds (on the cordon worklist), the nodes' records, the ranks recorded on a node
+    ECS shows free."""
 
     cordons: CordonRepository
 
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    @property
+    def jobs(self) -> LiveRanksOnNodes: ...
+    @property
+    def instances(self) -> ReadsInstances: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -108,7 +113,7 @@ class PlacementHolds:
         if snapshot:
             described = self.ecs.container_instances()
             ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
-            for view in views(described, repo.get_instances(ids) if ids else {}):
+            for view in views(described, repo.instances.get_instances(ids) if ids else {}):
                 if not view.placeable or view.node_id in recovering:
                     continue
                 placeable.add(view.node_id)
@@ -129,7 +134,7 @@ class PlacementHolds:
             # A free node that becomes a spare or a wait's reservation: ECS and the stack agree?
             fresh = [n for n in free if n.node_id in wanted and n.node_id not in read.holds
                      and n.node_id not in recovering]
-            disagree = unhandled_stops(repo, fresh) if fresh else {}
+            disagree = unhandled_stops(repo.jobs, fresh) if fresh else {}
             if not disagree:
                 break
             free = [n for n in free if n.node_id not in disagree]
@@ -139,7 +144,7 @@ class PlacementHolds:
         if releasing:
             # A suspect whose check has not answered keeps its hold (its job moved on or
             # ended): the node carries an attribute from its fault until its verdict's cordon.
-            for node, instance in repo.get_instances(releasing).items():
+            for node, instance in repo.instances.get_instances(releasing).items():
                 if instance.fenced or instance.state in HEALTH_CHECK_STATES:
                     del changes[node]
         if not changes:

@@ -299,6 +299,21 @@ def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str,
     return [*kept, {"key": TAG_ATTEMPT, "value": str(attempt)}]
 
 
+class RankJobs(Protocol):
+    """A rank and its job."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+
+
+class RankNodes(Protocol):
+    """A rank's node: read, registered, its EC2 id recorded."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    def put_instance_if_absent(self, instance: Instance) -> bool: ...
+    def record_ec2_instance_id(self, inst_id: str, ec2_instance_id: str) -> bool: ...
+
+
 class RankData(Protocol):
     """A rank's job and node, and its latch arrival (its registration's own intents are
     ``repo.registrations``)."""
@@ -306,11 +321,10 @@ class RankData(Protocol):
     faults: FaultRepository
     latches: LatchRepository
 
-    def get_job(self, job_id: str) -> Job | None: ...
-    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def put_instance_if_absent(self, instance: Instance) -> bool: ...
-    def record_ec2_instance_id(self, inst_id: str, ec2_instance_id: str) -> bool: ...
+    @property
+    def jobs(self) -> RankJobs: ...
+    @property
+    def instances(self) -> RankNodes: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -335,9 +349,9 @@ class RankOperations:
         inst_id = container_instance_id(reg.container_instance_arn)
         # No DescribeContainerInstances here (a job of 1,024 nodes starting at once would spend
         # the account's Describe rate on it): a node action resolves a missing id first.
-        known = None if reg.ec2_instance_id else repo.get_instance(inst_id)
+        known = None if reg.ec2_instance_id else repo.instances.get_instance(inst_id)
         ec2_id = reg.ec2_instance_id or (known.ec2_instance_id if known else "")
-        repo.put_instance_if_absent(
+        repo.instances.put_instance_if_absent(
             Instance(inst_id, container_instance_arn=reg.container_instance_arn, ec2_instance_id=ec2_id)
         )
         max_attempts = (reg.max_recovery_attempts if reg.max_recovery_attempts is not None
@@ -353,13 +367,13 @@ class RankOperations:
             network=reg.network,
         ))
         if not created and not relocatable and reg.tags:
-            job = repo.get_job(reg.job_id)
+            job = repo.jobs.get_job(reg.job_id)
             if job is not None and job.relocatable_tags and not job.is_queue_job:
                 self.records.mark_not_relocatable(reg.job_id)
         # A later attempt (the queue starting a suspended or requeued job again) keeps the
         # rank's earlier tasks on its item: their logs stay readable by attempt. Read before
         # the put instead of after it (the same two calls); attempt 1 has none to keep.
-        previous = repo.get_rank(reg.job_id, reg.rank) if reg.attempt > 1 else None
+        previous = repo.jobs.get_rank(reg.job_id, reg.rank) if reg.attempt > 1 else None
         rank = Rank(
             job_id=reg.job_id, rank=reg.rank, state=reg.state, attempt=reg.attempt,
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
@@ -372,7 +386,8 @@ class RankOperations:
         if written:
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
                                                   "attempt": reg.attempt, "task": reg.task_arn})
-        stored = rank if written and previous is not None else (repo.get_rank(reg.job_id, reg.rank) or rank)
+        stored = (rank if written and previous is not None
+                  else (repo.jobs.get_rank(reg.job_id, reg.rank) or rank))
         if stored.attempt == reg.attempt and stored.task_arn == reg.task_arn:
             repo.latches.arrive(reg.job_id, reg.attempt, reg.world_size, reg.rank, [Latch.REGISTERED],
                                 node=inst_id, registered_at=stored.registered_at)
@@ -385,8 +400,8 @@ class RankOperations:
         repo = self.data
         inst_id = container_instance_id(container_instance_arn)
         if inst_id != previous.container_inst_id:  # relocated: the new node may be unknown
-            repo.put_instance_if_absent(Instance(inst_id, container_instance_arn=container_instance_arn,
-                                                 ec2_instance_id=ec2_instance_id))
+            repo.instances.put_instance_if_absent(Instance(
+                inst_id, container_instance_arn=container_instance_arn, ec2_instance_id=ec2_instance_id))
         rank = Rank(
             job_id=job.job_id, rank=previous.rank, state=RankState.STARTING, attempt=job.attempt,
             task_arn=task_arn, task_definition_arn=previous.task_definition_arn, container_inst_id=inst_id,
@@ -409,7 +424,7 @@ class RankOperations:
             instance.container_instance_arn or instance.container_inst_id)
         ec2_id = str((described or {}).get("ec2InstanceId", ""))
         if ec2_id:
-            self.data.record_ec2_instance_id(instance.container_inst_id, ec2_id)
+            self.data.instances.record_ec2_instance_id(instance.container_inst_id, ec2_id)
         return ec2_id
 
     def rank_for_task(self, detail: EcsTaskDetail) -> Rank | None:
@@ -423,7 +438,7 @@ class RankOperations:
         if named is not None:
             # The rank the event names, by key: one GetItem and no index query when it
             # records this task (the common case); anything else is looked up by the task.
-            rank = repo.get_rank(*named)
+            rank = repo.jobs.get_rank(*named)
             if rank is not None and rank.task_arn == detail.taskArn:
                 return rank
         known = self.records.look_up_task(detail.taskArn)
@@ -501,13 +516,13 @@ class RankOperations:
         is the one of the call planned on its node (a gang restart's; the launcher registers
         it as well, and the first registration wins)."""
         repo = self.data
-        job = repo.get_job(several.job_id)
+        job = repo.jobs.get_job(several.job_id)
         if job is None or job.attempt != several.attempt:
             return None
         node = container_instance_id(str(task.get("containerInstanceArn", "")))
         moves = repo.faults.placement(job.job_id, job.attempt) if job.relocated else {}
         for number in several.ranks[:10]:
-            rank = repo.get_rank(job.job_id, number)
+            rank = repo.jobs.get_rank(job.job_id, number)
             if rank is None:
                 continue
             if rank.attempt == job.attempt and rank.task_arn == task.get("taskArn"):
@@ -519,7 +534,7 @@ class RankOperations:
                     container_instance_arn=str(task.get("containerInstanceArn", "")),
                     ec2_instance_id=rank.ec2_instance_id if planned == rank.container_inst_id else "",
                     started_by=str(task.get("startedBy", "")))
-                return repo.get_rank(job.job_id, number)
+                return repo.jobs.get_rank(job.job_id, number)
         return None
 
     def all_registered(self, job: Job) -> bool:

@@ -69,7 +69,7 @@ from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import AgentChanged, NodeBack, Reactions, RestartDue
-from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import MarksNodesBack, ReadsNode, RecordsNodeDecisions
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
@@ -84,15 +84,23 @@ logger = logging.getLogger(__name__)
 REBOOT_CONFIRM_SECONDS = 300
 
 
+class RebootJobs(Protocol):
+    """The jobs waiting for a node."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
 class RebootData(MarksNodesBack, RecordsNodeDecisions, Protocol):
     """The node back, the jobs waiting for it, a node that ran out of time, its deadline pushed."""
 
     deadlines: DeadlineIndex
     faults: FaultRepository
 
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_job(self, job_id: str) -> Job | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    @property
+    def jobs(self) -> RebootJobs: ...
+    @property
+    def instances(self) -> ReadsNode: ...
 
 
 class DeletesMarks(Protocol):
@@ -172,7 +180,7 @@ class Reboots:
     def quarantine(self, instance: Instance) -> None:
         """Drain (idempotent): ECS places nothing new on the instance; then confirm it.
         A replacement by ``terminate_in_asg`` then terminates the instance in its group."""
-        fresh = self.data.get_instance(instance.container_inst_id) or instance
+        fresh = self.data.instances.get_instance(instance.container_inst_id) or instance
         if fresh.drain_pending or not fresh.terminate_pending:
             # Raises (EcsActionFailed) unless ECS confirmed it: the drain is then recorded by
             # the sweep's next try, never before ECS said so.
@@ -245,7 +253,7 @@ class Reboots:
     def on_container_instance_change(self, detail: EcsContainerInstanceDetail,
                                      event_time: datetime | None = None) -> Outcome:
         inst_id = container_instance_id(detail.containerInstanceArn)
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
             lost: Outcome | None = self.reactions.emit(AgentChanged(instance, detail))
             if lost is not None:  # a lost node's ECS agent (recovery.lost_node_checks)
@@ -264,7 +272,7 @@ class Reboots:
         """The node agent reported a boot time: a REBOOTING node that booted after the
         request and whose ECS agent is connected is back, even if its disconnect event
         was never seen."""
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         if instance is None or instance.state is not InstanceState.REBOOTING:
             return Outcome("ignored", detail={"instance": inst_id, "why": "not rebooting"})
         instance.boot_time = max(boot_time, instance.boot_time or 0.0)
@@ -352,7 +360,7 @@ class Reboots:
                 and instance.last_validation else {"result": "off", "repair": Repair.REBOOT.value}
         restarted = []
         for job_id in sorted(instance.waiting_jobs):
-            job = self.data.get_job(job_id)
+            job = self.data.jobs.get_job(job_id)
             self.data.nodes_back.release_waiting_job(inst_id, job, job_id, validation=validation)
             if job is None:
                 continue
@@ -389,7 +397,7 @@ class Reboots:
             marked = True
         issued = self.issue(instance, agent_connected=observed.agent_connected if observed else None,
                             marked=marked)
-        fresh = self.data.get_instance(instance.container_inst_id)
+        fresh = self.data.instances.get_instance(instance.container_inst_id)
         if observed is not None and fresh is not None and fresh.state is InstanceState.REBOOTING \
                 and issued != "raced":
             judged = self._judge(fresh, observed)
@@ -427,7 +435,7 @@ class Reboots:
                                      else instance.waiting_jobs)
         failures, moving, jobs = [], [], []
         for job_id in sorted(job_ids):
-            job = self.data.get_job(job_id)
+            job = self.data.jobs.get_job(job_id)
             if job is None or job.state not in RECOVERING_JOB_STATES:
                 continue
             jobs.append(job_id)
@@ -501,7 +509,7 @@ class Reboots:
         failed_jobs = [f.job.job_id for f in failures if not f.moves]
         self.metrics.add_metric("Failures", "Count", len(failed_jobs))
         for job_id in failed_jobs:
-            ended(self.metrics, self.data, job_id, True)
+            ended(self.metrics, self.data.jobs, job_id, True)
         after_commit("timed-out instance", self._after_time_out, instance, cordon is not None, drain, moving,
                      failed_jobs)
         return kind.value
@@ -520,7 +528,7 @@ class Reboots:
         for job_id in moving:
             self.reactions.emit(RestartDue(job_id))  # the instance is unusable now: relocation
         for job_id in failed_jobs:
-            job = self.data.get_job(job_id)
+            job = self.data.jobs.get_job(job_id)
             if job is not None:
                 with contextlib.suppress(Exception):  # the sweep sends an unsent stop intent
                     self.gang.stop(job)

@@ -17,16 +17,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Instance, Job, container_instance_id
+from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_targets, reserve_for_waits
 from gpu_recovery.domain.states import JobState
-from gpu_recovery.recovery.free_nodes import unhandled_stops, views
+from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.ports import ListsContainerInstances
+from gpu_recovery.recovery.stage_data import ReadsInstances
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
@@ -69,7 +70,15 @@ class NodesHeldData(Protocol):
     faults: FaultRepository
     cordons: CordonRepository
 
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    @property
+    def jobs(self) -> HeldJobReads: ...
+    @property
+    def instances(self) -> ReadsInstances: ...
+
+
+class HeldJobReads(LiveRanksOnNodes, Protocol):
+    """A job holding nodes (its index item), the ranks recorded on a node ECS shows free."""
+
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
 
 
@@ -101,7 +110,7 @@ class RestartNodes:
         (``deadline_items``: the job table's deadline index as the sweep just read it)."""
         out = Held()
         for item in self.scheduling.jobs_holding_nodes(deadline_items):
-            other = self.data.job_from_item(item)
+            other = self.data.jobs.job_from_item(item)
             if other.job_id == except_job:
                 continue
             out.jobs.add(other.job_id)
@@ -117,7 +126,7 @@ class RestartNodes:
         repo = self.data
         described = self.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
-        cluster = views(described, repo.get_instances(ids) if ids else {})
+        cluster = views(described, repo.instances.get_instances(ids) if ids else {})
         held = self.held(job.job_id)
         own = repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
         registered = {v.node_id: v.node.total_gpus for v in cluster}
@@ -138,7 +147,7 @@ class RestartNodes:
                 or choose_targets(needs, spares)
             if chosen is None:
                 return FreeFor(None, gpus, healthy)
-            disagree = unhandled_stops(repo, chosen.values())
+            disagree = unhandled_stops(repo.jobs, chosen.values())
             if not disagree:
                 return FreeFor({leaving[index]: node for index, node in chosen.items()}, gpus, healthy)
             spares = [s for s in spares if s.node_id not in disagree]

@@ -103,34 +103,35 @@ class RecoveryService:
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
-        self.gang = GangOps(repo, repo.fanouts, ecs, self.ranks, FaultRepository(repo), gang_queue,
-                            policy=policy, metrics=self._metrics, settings=settings, reactions=reactions)
-        suspension_items = SuspensionRepository(repo)
-        self.suspensions = Suspensions(repo, suspension_items, notices, self.gang,
+        self.gang = GangOps(repo.jobs, repo.fanouts, ecs, self.ranks, FaultRepository(repo.tables),
+                            gang_queue, policy=policy, metrics=self._metrics, settings=settings,
+                            reactions=reactions)
+        suspension_items = SuspensionRepository(repo.jobs)
+        self.suspensions = Suspensions(repo.jobs, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         holds = HeldJobs(repo, repo.breaker, notices, metrics=self._metrics, settings=settings)
-        restart_nodes = RestartNodes(repo, SchedulingRepository(repo), ecs)
+        restart_nodes = RestartNodes(repo, SchedulingRepository(repo.jobs), ecs)
         self.restarts = GangRestart(repo, repo.restarts, ecs, notices, self.gang, holds, restart_nodes,
                                     suspension_items, policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)
-        cordons = Cordons(repo, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
+        cordons = Cordons(repo.instances, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
         self.reboots = Reboots(repo, repo.reboots, ecs, self.ranks, self.gang, gate, cordons, notices,
                                rebooter=rebooter, replacer=replacer, policy=policy, metrics=self._metrics,
                                settings=settings, reactions=reactions)
         # Every kind of task the stack runs on a node starts through this one (recovery.node_tasks).
-        self.node_tasks = tasks = NodeTasks(ecs, repo, repo.node_tasks, self._metrics, settings)
+        self.node_tasks = tasks = NodeTasks(ecs, repo.jobs, repo.node_tasks, self._metrics, settings)
         # The node decision and the stages it hands over to.
         owed = RemediationNotices(notices, gate, cordons)
-        settlement = JobSettlement(repo, notices, owed, policy=policy, metrics=self._metrics,
+        settlement = JobSettlement(repo.jobs, notices, owed, policy=policy, metrics=self._metrics,
                                    held_job_deadline_seconds=settings.held_job_deadline_seconds,
                                    reactions=reactions)
-        self.resets = resets = GpuResets(repo, repo.gpu_resets, ecs, tasks, self.reboots, notices,
+        self.resets = resets = GpuResets(repo.instances, repo.gpu_resets, ecs, tasks, self.reboots, notices,
                                          metrics=self._metrics, settings=settings,
                                          escalation=policy.escalation)
-        tenant_evidence = TenantEvidence(repo, notices, limit=settings.preflight.tenant_limit,
+        tenant_evidence = TenantEvidence(repo.jobs, notices, limit=settings.preflight.tenant_limit,
                                          sources=policy.catalog.evidence_sources, metrics=self._metrics)
         self.remediation = NodeRemediation(repo, self.ranks, self.reboots, gate, cordons, notices, owed,
                                            settlement, resets, tenant_evidence, policy=policy,
@@ -140,8 +141,8 @@ class RecoveryService:
         self.validations = Validations(repo, repo.validations, ecs, tasks, self.reboots, self.remediation,
                                        cordons, gate, notices, verdicts=verdicts, replacer=replacer,
                                        metrics=self._metrics, settings=settings, reactions=reactions)
-        self.lost_nodes = LostNodeChecks(repo, repo.validations, ecs, self.validations, metrics=self._metrics,
-                                         settings=settings)
+        self.lost_nodes = LostNodeChecks(repo.instances, repo.validations, ecs, self.validations,
+                                         metrics=self._metrics, settings=settings)
         self.health = HealthChecks(repo, repo.health_checks, ecs, tasks, self.reboots, self.remediation,
                                    settlement, owed, notices, verdicts=verdicts, leases=repo.verdict_leases,
                                    policy=policy, metrics=self._metrics, settings=settings,
@@ -232,7 +233,7 @@ class RecoveryService:
                 outcomes.append(Outcome("ignored", detail={"why": "not a protected job"}))
                 continue
             try:
-                fresh = self.repo.get_rank(rank.job_id, rank.rank) or rank  # an earlier event moved it
+                fresh = self.repo.jobs.get_rank(rank.job_id, rank.rank) or rank  # an earlier event moved it
                 outcomes.append(self.faults.on_task_state_change(detail, known=fresh))
             except Exception as error:
                 outcomes.append(error)
@@ -283,7 +284,7 @@ class RecoveryService:
 
     def stop_gang(self, job_id: str) -> bool:
         """Send the job's stop intent (the jobs API's cancel commits it)."""
-        job = self.repo.get_job(job_id)
+        job = self.repo.jobs.get_job(job_id)
         return job is None or bool(self.gang.stop(job))
 
     # Other services.

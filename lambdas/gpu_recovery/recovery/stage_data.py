@@ -1,7 +1,13 @@
 """What the recovery loop's stages read and write, as protocols the repository provides
 (mypy checks that it does): the operations several stages share, and the data of the two
 largest stages (the task events and the gang restart), kept here so that their modules stay
-one concern each. The other stages declare theirs in their own module."""
+one concern each. The other stages declare theirs in their own module.
+
+A stage that reads one aggregate is handed it (``repo.jobs``, ``repo.instances``: its
+protocol names that aggregate's few operations); a stage that needs both, or a sub-repository
+of the ``Repository`` besides, is handed the container, and its protocol names each
+aggregate's operations apart (``jobs``, ``instances``: read-only properties, so that the
+aggregate's own class satisfies the narrower protocol)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.restart_waits import WaitData
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
+from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.jobs_and_ranks import RankStop
 from gpu_recovery.repository.latches import LatchRepository
@@ -22,8 +29,8 @@ from gpu_recovery.repository.rank_events import RankEventRepository
 
 
 class EndsJobs(Protocol):
-    """A job's terminal transition (with its ranks' stop and the e-mails it owes), and its item
-    read after it (its goodput metrics)."""
+    """Of the jobs aggregate: a job's terminal transition (with its ranks' stop and the e-mails it
+    owes), and its item read after it (its goodput metrics)."""
 
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def finish_job(self, job_id: str, attempt: int | None, to: JobState, reason: str, *,
@@ -34,8 +41,27 @@ class EndsJobs(Protocol):
                    ledger: Mapping[str, Any] | None = None) -> bool: ...
 
 
+class ReadsJob(Protocol):
+    """Of the jobs aggregate: a job read."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+
+
+class ReadsNode(Protocol):
+    """Of the instances aggregate: a node read."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+
+
+class ReadsInstances(Protocol):
+    """Of the instances aggregate: nodes read in one batch."""
+
+    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+
+
 class ReadsNodeItems(Protocol):
-    """A node's item as stored (its fault history, its evidence) and as a record."""
+    """Of the instances aggregate: a node's item as stored (its fault history, its evidence) and
+    as a record."""
 
     def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
     def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
@@ -56,32 +82,56 @@ class RecordsNodeDecisions(Protocol):
 
 
 class RecordsObservedFaults(Protocol):
-    """A fault observed only (observe mode, a node lost): the node's last fault recorded."""
+    """Of the instances aggregate: a fault observed only (observe mode, a node lost): the node's
+    last fault recorded."""
 
     def record_observed_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
                               last_fault: dict[str, Any]) -> bool: ...
 
 
-class TaskEventData(EndsJobs, ReadsNodeItems, RecordsObservedFaults, Protocol):
+class TaskEventJobs(EndsJobs, Protocol):
+    """The job and rank a task event is about, a job's cancel confirmed."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+    def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
+
+
+class TaskEventNodes(ReadsNodeItems, RecordsObservedFaults, Protocol):
+    """The node a rank ran on."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+
+
+class TaskEventData(Protocol):
     """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
 
     faults: FaultRepository
     latches: LatchRepository
     rank_events: RankEventRepository  # the rank running or stopped, the fault or restart it opens
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    @property
+    def jobs(self) -> TaskEventJobs: ...
+    @property
+    def instances(self) -> TaskEventNodes: ...
+
+
+class RestartJobs(WaitData, EndsJobs, Protocol):
+    """A restart's job and ranks (where they restart), its end."""
+
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def mark_job_canceled(self, job_id: str, reason: str, actor: str = ...) -> bool: ...
 
 
-class RestartData(WaitData, EndsJobs, Protocol):
+class RestartData(Protocol):
     """What a restart reads (its job and ranks, the fault's tally and suspects, the nodes its
     ranks ran on) and its job's end; its own transitions are ``repo.restarts``'."""
 
     faults: FaultRepository
     latches: LatchRepository
     cordons: CordonRepository
+    deadlines: DeadlineIndex
 
-    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    @property
+    def jobs(self) -> RestartJobs: ...
+    @property
+    def instances(self) -> ReadsInstances: ...

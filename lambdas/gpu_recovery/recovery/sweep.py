@@ -52,6 +52,7 @@ from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
+from gpu_recovery.recovery.stage_data import ReadsInstances, ReadsJob, ReadsNode
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
@@ -92,11 +93,21 @@ class SweepData(Protocol):
     deadlines: DeadlineIndex  # what is due, and every job item carrying a deadline
     slots: HealthCheckSlots
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    @property
+    def jobs(self) -> SweepJobs: ...
+    @property
+    def instances(self) -> SweepNodes: ...
+
+
+class SweepJobs(ReadsJob, Protocol):
+    """A due job (read, or mapped from its index item) and its ranks."""
+
     def job_from_item(self, item: dict[str, Any]) -> Job: ...
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+
+
+class SweepNodes(ReadsInstances, ReadsNode, Protocol):
+    """A due node, and the nodes of a page of due items."""
 
 
 @dataclass(eq=False, repr=False)
@@ -267,15 +278,15 @@ class Sweep:
             return self.preflights.sweep(item, now)
         if kind != "JOB":
             return "ignored"
-        return self._job(self.data.job_from_item(item), item, now)
+        return self._job(self.data.jobs.job_from_item(item), item, now)
 
     def _suspect(self, item: dict[str, Any], now: float) -> str:
         """A suspect whose health check was never asked for (its delivery died): ask."""
         suspect = suspect_from_item(item)
-        job = self.data.get_job(suspect.job_id)
+        job = self.data.jobs.get_job(suspect.job_id)
         if job is None or job.attempt != suspect.attempt or job.state not in RECOVERING_JOB_STATES \
                 or not suspect.pending:
-            instance = self.data.get_instance(suspect.node) if job is not None else None
+            instance = self.data.instances.get_instance(suspect.node) if job is not None else None
             if job is not None and instance is not None and instance.fenced \
                     and instance.state is InstanceState.AVAILABLE:
                 # The job moved on before its node was checked: the check runs for the node
@@ -338,7 +349,7 @@ class Sweep:
             # verdicts are all in once every rank ended goes on (its event may have died).
             self.faults.converge_fault(job)
             self._kick_checks(job)
-            fresh = repo.get_job(job.job_id) or job
+            fresh = repo.jobs.get_job(job.job_id) or job
             if fresh.state is JobState.PENDING_HEALTHCHECK and fresh.in_fault:
                 self._settle_fault(fresh)
             repo.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
@@ -361,8 +372,8 @@ class Sweep:
             # An ended job whose ranks are still being stopped (or a cancel).
             action = self.gang.stop_due(job, now)
             if action == "stopped" and job.state is JobState.CANCELING:
-                self.faults.on_attempt_ended(repo.get_job(job.job_id) or job, job.attempt)
-            latest = repo.get_job(job.job_id)
+                self.faults.on_attempt_ended(repo.jobs.get_job(job.job_id) or job, job.attempt)
+            latest = repo.jobs.get_job(job.job_id)
             if latest is not None and latest.stop_fanout:
                 repo.deadlines.rearm_job(latest, now + RETRY_INTERVAL_SECONDS)
             return action
@@ -382,7 +393,7 @@ class Sweep:
         if not job.in_fault or job.tally.rebooting <= 0:
             return False
         waiting = [s.node for s in self.data.faults.suspects(job.job_id, job.attempt) if s.rebooting]
-        instances = self.data.get_instances(waiting) if waiting else {}
+        instances = self.data.instances.get_instances(waiting) if waiting else {}
         return any(i.state is InstanceState.REBOOTING and i.deadline_at is not None
                    and job.job_id in i.waiting_jobs for i in instances.values())
 
@@ -398,7 +409,7 @@ class Sweep:
             return "heartbeat_waiting"
         attr = lost_attr(job.attempt) if job.state is JobState.NODE_LOST else hung_attr(job.attempt)
         ranks = sorted(int(r) for r in item.get(attr) or () if str(r).isdigit())
-        rank = self.data.get_rank(job.job_id, ranks[0]) if ranks else None
+        rank = self.data.jobs.get_rank(job.job_id, ranks[0]) if ranks else None
         if rank is None or rank.attempt != job.attempt:
             self.data.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "heartbeat_waiting"

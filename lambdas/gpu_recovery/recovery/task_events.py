@@ -148,7 +148,7 @@ class TaskEvents:
             # A gang restart's rank: the batch that registered the last rank confirmed the job,
             # and only rank 0's RUNNING marks the attempt's goodput: no job read per rank.
             return Outcome("running", rank.job_id, {"rank": rank.rank})
-        job = self.data.get_job(rank.job_id)
+        job = self.data.jobs.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
                 and job.restarted_attempt != job.attempt:
             # A queue launch: RUNNING once every rank is registered (a gang restart is
@@ -180,7 +180,7 @@ class TaskEvents:
         repo = self.data
         assessment: Assessment | None = None
         for _ in range(_WRITE_ROUNDS):
-            job = repo.get_job(rank.job_id)
+            job = repo.jobs.get_job(rank.job_id)
             if job is None:
                 return Outcome("ignored", rank.job_id, {"why": "job record missing"})
             rank_stop = RankStop(rank, _RANK_STATE_FOR[kind], fields) if rank.state in HOLDING_RANK_STATES \
@@ -203,10 +203,10 @@ class TaskEvents:
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
                                        assessment=assessment, ended_at=ended_at,
                                        written=_as_written(rank, rank_stop, reaction))
-            rank = repo.get_rank(rank.job_id, rank.rank) or rank
+            rank = repo.jobs.get_rank(rank.job_id, rank.rank) or rank
             if rank.task_arn != detail.taskArn:
                 return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
-        latest = repo.get_job(rank.job_id)
+        latest = repo.jobs.get_job(rank.job_id)
         if latest is None:
             return Outcome("ignored", rank.job_id, {"why": "job record missing"})
         return self._converge(latest, redelivered=True, kind=kind, rank=rank, ended_at=ended_at)
@@ -214,14 +214,14 @@ class TaskEvents:
     # ------------------------------------------------------------- judgement
     def _assess(self, job: Job, rank: Rank, stop: TaskStop, detail: EcsTaskDetail) -> Assessment:
         """The catalog's decision for this rank's exit, on its node's evidence."""
-        raw = self.data.get_instance_item(rank.container_inst_id)
+        raw = self.data.instances.get_instance_item(rank.container_inst_id)
         now = clock.now()
         when = detail.updatedAt.timestamp() if detail.updatedAt is not None else now
         evidence = self.remediation.evidence(
             inst_id=rank.container_inst_id, instance_item=raw, trigger=Trigger.TASK_EXIT,
             fault_at=min(when, now), job=job, rank=rank.rank, exit_code=stop.exit_code,
             stop_code=stop.stop_code, stopped_reason=stop.stopped_reason)
-        remediating = policy.stack_remediation(self.data.instance_from_item(raw) if raw else None)
+        remediating = policy.stack_remediation(self.data.instances.instance_from_item(raw) if raw else None)
         return Assessment(evidence, self.remediation.plan(evidence, raw, now=now), raw, remediating)
 
     def _budget(self, job: Job, assessment: Assessment) -> BudgetOutcome | None:
@@ -250,7 +250,7 @@ class TaskEvents:
         ledger = fault_marks(job, node, now, assessment, budget)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
-            return ended(self.metrics, self.data, job.job_id, repo.finish_job(
+            return ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
                 job.job_id, job.attempt, JobState.USER_STOPPED, reason, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.USER_STOPPED]))
         if reaction is StopReaction.RESTART and assessment is not None and budget is not None:
@@ -268,21 +268,21 @@ class TaskEvents:
             would = ", ".join(e.value for e in assessment.plan.record_only)
             reason = (f"rank {rank.rank} failed: {policy.describe_failure(stop)}; observe mode: would have "
                       f"done {would}{decided}")
-            raw = repo.get_instance_item(node)
+            raw = repo.instances.get_instance_item(node)
             # The node's record of what would have been done, and its cordon (known bad all the
             # same), in the job's FAILED write: a retry finds the job FAILED and does nothing more.
             observed = self.remediation.observed(node, raw, assessment.plan, assessment.evidence,
                                                  [job.job_id], now)
             notices = [self.notices.for_job(
                 replace(job, state=JobState.FAILED, last_error=reason[:1000]),
-                repo.instance_from_item(raw) if raw else None,
+                repo.instances.instance_from_item(raw) if raw else None,
                 NotificationKind.OBSERVED, "Observe mode: GPU fault detected, nothing done",
                 what_happened=reason[:1000],
                 what_was_done=("Nothing (observe mode): no StopTask, health check, reboot, drain or "
                                "termination; the job is marked FAILED in the job table"),
                 operator_action="Read what would have been done below and act by hand if needed.",
                 details=details_of(assessment.evidence, assessment.plan)), *observed.notices]
-            done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
+            done = ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason,
                 fields={"last_error": reason[:1000], "last_fault": last_fault},
                 rank_stop=rank_stop, also=[*self.notices.owe(notices, now), *observed.updates]))
@@ -299,7 +299,7 @@ class TaskEvents:
             fields: dict[str, Any] = {"last_error": reason[:1000]}
             if last_fault is not None:
                 fields["last_fault"] = last_fault
-            done = ended(self.metrics, self.data, job.job_id, repo.finish_job(
+            done = ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields=fields, rank_stop=rank_stop,
                 stop_ranks_of=job.attempt, stop_why=_ENDING_REASON[JobState.FAILED], ledger=ledger))
             if done:
@@ -364,7 +364,7 @@ class TaskEvents:
         wrote: the job goes on as read (its reaction was decided on that read), except where any
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
         rank_only = written is not None and not self.settings.check_all_nodes_on_fault
-        fresh, written = (job, written) if rank_only else (self.data.get_job(job.job_id) or job, None)
+        fresh, written = (job, written) if rank_only else (self.data.jobs.get_job(job.job_id) or job, None)
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
@@ -432,7 +432,7 @@ class TaskEvents:
         delivery wrote it, else read)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
         repo = self.data
-        current = written or repo.get_rank(rank.job_id, rank.rank) or rank
+        current = written or repo.jobs.get_rank(rank.job_id, rank.rank) or rank
         if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
         node = current.container_inst_id
@@ -454,11 +454,11 @@ class TaskEvents:
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
             suspect_node=node if suspect else "", coupled_node=node if coupled else "")
         if Latch.DONE in arrival:
-            detail["complete"] = ended(self.metrics, self.data, job.job_id, repo.finish_job(
+            detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
                 job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
                 ledger=goodput.end_marks(ended_at)))
         if Latch.ENDED in arrival:
-            detail["ended"] = self.on_attempt_ended(repo.get_job(job.job_id) or job, current.attempt)
+            detail["ended"] = self.on_attempt_ended(repo.jobs.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
 
     def _named_suspect(self, job: Job, rank: Rank) -> bool:
@@ -486,7 +486,7 @@ class TaskEvents:
             self.gang.stopped(job, attempt)
         if job.in_fault and job.tally.total is None and job.state in RECOVERING_JOB_STATES:
             total = len(repo.latches.suspect_nodes(job.job_id, attempt, job.world_size))
-            job = repo.faults.record_total(job, total) or repo.get_job(job.job_id) or job
+            job = repo.faults.record_total(job, total) or repo.jobs.get_job(job.job_id) or job
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
         self.suspects.start_grouped_checks(job)
         job = repo.faults.counted(job)  # the verdicts counted on the tally's shards (all in?)
@@ -500,8 +500,8 @@ class TaskEvents:
         if job.state is JobState.SUSPENDING:
             return "suspended" if self.suspensions.finish(job) else "raced"
         if job.state is JobState.CANCELING:
-            canceled = repo.mark_job_canceled(job.job_id, "every rank stopped")
-            ended(self.metrics, repo, job.job_id, canceled)
+            canceled = repo.jobs.mark_job_canceled(job.job_id, "every rank stopped")
+            ended(self.metrics, repo.jobs, job.job_id, canceled)
             return "canceled"
         return "ended"
 
@@ -515,7 +515,7 @@ class TaskEvents:
         confirmed by the DCGM diag (its evidence is kept for the verdict: a healthy node
         after a lost node or a hang restarts the job as a transient fault)."""
         repo = self.data
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None or job.attempt != attempt:
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": "attempt moved on"})
         states = list(from_states)
@@ -523,7 +523,7 @@ class TaskEvents:
             trigger = Trigger.NODE_LOST if states == [JobState.NODE_LOST] else Trigger.HUNG
         if job.state not in states and job.state is not JobState.PENDING_HEALTHCHECK:
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": job.state.value})
-        raw = repo.get_instance_item(inst_id)
+        raw = repo.instances.get_instance_item(inst_id)
         now = clock.now()
         evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=trigger,
                                              fault_at=now, job=job, rank=failing_rank)
@@ -542,10 +542,10 @@ class TaskEvents:
         elif self._enter_recovery(job, reason, None, from_states=states, also=[
                 repo.latches.suspect_arrival(job_id, attempt, failing_rank or 0, inst_id)]):
             counted = True
-            entered = repo.get_job(job_id)
+            entered = repo.jobs.get_job(job_id)
             if entered is not None:
                 after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered))
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
             return Outcome("recorded", job_id, {"rank": failing_rank, "why": state})

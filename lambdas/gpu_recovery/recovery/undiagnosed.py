@@ -24,13 +24,16 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
+from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNodeItems
 
 
-class CheckReads(ReadsNodeItems, Protocol):
+class CheckReads(Protocol):
     """The node and the jobs waiting for its check, read again before each try."""
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    @property
+    def jobs(self) -> ReadsJob: ...
+    @property
+    def instances(self) -> ReadsNodeItems: ...
 
 
 def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: NodeRemediation,
@@ -41,13 +44,13 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
     check's verdict would have read it."""
     inst_id = instance.container_inst_id
     for _ in range(3):  # a job that joined meanwhile: read and decide again
-        raw = data.get_instance_item(inst_id)
+        raw = data.instances.get_instance_item(inst_id)
         if raw is None:
             return False
-        instance = data.instance_from_item(raw)
+        instance = data.instances.instance_from_item(raw)
         if instance.state not in (InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING):
             return False
-        jobs = [j for j in (data.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
+        jobs = [j for j in (data.jobs.get_job(job_id) for job_id in sorted(instance.hc_jobs)) if j]
         now = clock.now()
         evidence = evidence_of(instance, raw, jobs)
         reason = f"the stack's DCGM check of {inst_id} gave no verdict: {what}"

@@ -34,7 +34,6 @@ stopped with no verdict. A missing answer never fails a repair (``domain.validat
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -74,7 +73,13 @@ from gpu_recovery.recovery.reactions import Reactions, RestartDue
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
-from gpu_recovery.recovery.stage_data import MarksNodesBack, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import (
+    MarksNodesBack,
+    ReadsInstances,
+    ReadsJob,
+    ReadsNodeItems,
+    RecordsNodeDecisions,
+)
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.validations import ValidationRepository
@@ -99,11 +104,16 @@ class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
 
     faults: FaultRepository
 
+    @property
+    def jobs(self) -> ReadsJob: ...
+    @property
+    def instances(self) -> ValidationNodes: ...
+
+
+class ValidationNodes(ReadsNodeItems, ReadsInstances, Protocol):
+    """The node validated, and the nodes of a validation's batch."""
+
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
-    def get_job(self, job_id: str) -> Job | None: ...
 
 
 class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):
@@ -144,7 +154,7 @@ class Validations:
             return self.reboots.mark_available(instance, repair, why, reset_result=reset_result,
                                                validation={"result": "off", "repair": repair.value})
         repo = self.data
-        raw = repo.get_instance_item(inst_id) or {}
+        raw = repo.instances.get_instance_item(inst_id) or {}
         now = clock.now()
         record = policy.new_validation(repair, cause=policy.repair_cause(raw.get("last_fault")), since=now,
                                        policy=settings)
@@ -164,7 +174,7 @@ class Validations:
         if repair is Repair.REBOOT:
             self.reboots.unmark_quietly(instance.container_instance_arn or inst_id)
         after_commit("validating attribute", self.cordons.sync_quietly, inst_id)
-        fresh = repo.get_instance(inst_id)
+        fresh = repo.instances.get_instance(inst_id)
         started = after_commit("validation start", self.start, fresh) if fresh is not None else None
         return Outcome("validating", detail={"instance": inst_id, "repair": repair.value, "start": started})
 
@@ -187,7 +197,7 @@ class Validations:
             ("ACTIVE",), query=policy.registered_since(float(watch["since"])))
         candidates = {container_instance_id(ci["containerInstanceArn"]): ci for ci in described}
         candidates.pop(watcher.container_inst_id, None)
-        known = self.data.get_instances(candidates) if candidates else {}
+        known = self.data.instances.get_instances(candidates) if candidates else {}
         unknown = {n: ci for n, ci in candidates.items() if n not in known}
         ec2_ids = [str(ci.get("ec2InstanceId") or "") for ci in unknown.values()]
         groups = self.replacer.groups_of([i for i in ec2_ids if i.startswith("i-")])
@@ -207,7 +217,7 @@ class Validations:
             logger.info("replacement node registered: validating", extra={
                 "instance": node, "replaces": watcher.container_inst_id})
             after_commit("validating attribute", self.cordons.sync_quietly, node)
-            fresh = self.data.get_instance(node)
+            fresh = self.data.instances.get_instance(node)
             if fresh is not None:
                 after_commit("validation start", self.start, fresh)
             return "replacement_validating"
@@ -258,10 +268,10 @@ class Validations:
             return Outcome(node_tasks.FOREIGN_TASK, detail={"task": detail.taskArn})
         inst_id = container_instance_id(detail.containerInstanceArn or "")
         repo = self.data
-        raw = repo.get_instance_item(inst_id) if inst_id else None
+        raw = repo.instances.get_instance_item(inst_id) if inst_id else None
         if raw is None:
             return Outcome("ignored", detail={"why": "untracked instance"})
-        instance = repo.instance_from_item(raw)
+        instance = repo.instances.instance_from_item(raw)
         if not instance.validating or detail.startedBy != instance.task(VALIDATION_TASK).started_by:
             return Outcome("duplicate", detail={"instance": inst_id, "state": instance.state.value})
         exit_code = detail.exit_code()
@@ -322,7 +332,7 @@ class Validations:
             return "raced"
         logger.warning("validation ended without a verdict: started again", extra={
             "instance": instance.container_inst_id, "why": why, "attempt": attempts + 1})
-        fresh = self.data.get_instance(instance.container_inst_id)
+        fresh = self.data.instances.get_instance(instance.container_inst_id)
         if fresh is not None:
             after_commit("validation restart", self.start, fresh)
         return "validation_retried"
@@ -375,10 +385,10 @@ class Validations:
             done = self._decide(instance, raw, exit_code, findings, task_arn=task_arn, why=why)
             if done is not None:
                 return done
-            fresh = repo.get_instance_item(instance.container_inst_id)
+            fresh = repo.instances.get_instance_item(instance.container_inst_id)
             if fresh is None:
                 return "ignored"
-            instance, raw = repo.instance_from_item(fresh), fresh
+            instance, raw = repo.instances.instance_from_item(fresh), fresh
             if not instance.validating:
                 return "duplicate"
         return "raced"
@@ -483,7 +493,7 @@ class Validations:
         jobs: list[Job] = []
         updates: list[Update] = []
         for job_id in sorted(instance.waiting_jobs):
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             if job is None or job.state not in RECOVERING_JOB_STATES or not job.in_fault:
                 continue
             suspect = repo.faults.get_suspect(job.job_id, job.attempt, instance.container_inst_id)
@@ -520,7 +530,7 @@ class Validations:
         drain), the released jobs' restarts (each has its own intent: the sweep finishes it)."""
         inst_id = instance.container_inst_id
         self.remediation.after_cordon(gate, inst_id, cordoned=True)
-        fresh = self.data.get_instance(inst_id)
+        fresh = self.data.instances.get_instance(inst_id)
         if fresh is not None:
             self.remediation.carry_out(fresh, plan)
         for job_id in released:
@@ -565,10 +575,10 @@ class Validations:
         # the two, settles it the same way, as no verdict (``OUT_OF_TIME_REASON``).
         self.ecs.stop_task(task_arn, OUT_OF_TIME_REASON)
         self.metrics.add_metric("ValidationTimeouts", "Count", 1)
-        raw = self.data.get_instance_item(instance.container_inst_id) or {}
+        raw = self.data.instances.get_instance_item(instance.container_inst_id) or {}
         return self._no_verdict(instance, raw, f"the validation task ({detail.lastStatus.lower()}) did not "
                                                f"end within {seconds} s of its start")
 
     def gone(self, instance: Instance) -> str:
-        raw = self.data.get_instance_item(instance.container_inst_id) or {}
+        raw = self.data.instances.get_instance_item(instance.container_inst_id) or {}
         return self._no_verdict(instance, raw, "the validation task is gone (ECS no longer knows it)")

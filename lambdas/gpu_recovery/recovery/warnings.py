@@ -54,7 +54,7 @@ from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
-from gpu_recovery.recovery.stage_data import ReadsNodeItems
+from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNode, ReadsNodeItems
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.warnings import WarningRepository
 from gpu_recovery.settings import Settings
@@ -66,14 +66,25 @@ _WARNED = (InstanceState.AVAILABLE, InstanceState.SUSPECT)
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
-class WarningData(ReadsNodeItems, Protocol):
+class WarningJobs(ReadsJob, Protocol):
+    """The jobs on the warned node."""
+
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+
+
+class WarningNodes(ReadsNodeItems, ReadsNode, Protocol):
+    """The warned node."""
+
+
+class WarningData(Protocol):
     """The warned node, the jobs on it and the holds it is kept out of placement by."""
 
     cordons: CordonRepository
 
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_job(self, job_id: str) -> Job | None: ...
-    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    @property
+    def jobs(self) -> WarningJobs: ...
+    @property
+    def instances(self) -> WarningNodes: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -94,7 +105,7 @@ class GpuWarnings:
         """The node API just recorded the warning: what needs no repair happens now (the node
         cordoned; its queue jobs asked to move: rank 0 learns it within seconds), the repair
         itself at the sweep (a reboot or a drain is not the node API's to do)."""
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         if instance is None or not instance.warning:
             return "ignored"
         return self.sweep(instance, clock.now(), repair=False)
@@ -104,10 +115,10 @@ class GpuWarnings:
         cordon it, still due for the sweep), or cordon the busy one and ask its jobs to move."""
         repo = self.data
         inst_id = instance.container_inst_id
-        raw = repo.get_instance_item(inst_id)
+        raw = repo.instances.get_instance_item(inst_id)
         if raw is None:
             return "ignored"
-        instance = repo.instance_from_item(raw)
+        instance = repo.instances.instance_from_item(raw)
         record = instance.warning
         rule = str(record.get("rule") or "")
         if not rule or instance.state not in _WARNED:
@@ -139,7 +150,7 @@ class GpuWarnings:
                     after_commit("uncordon", self.cordons.sync_quietly, inst_id)
                 return "warning_cleared"
             return "raced"
-        busy = repo.live_ranks_on_instance(inst_id)
+        busy = repo.jobs.live_ranks_on_instance(inst_id)
         holder = self._held_for(inst_id)
         if not busy and not holder and repair:
             return self.repair(instance, raw, plan, evidence, warning, record)
@@ -205,7 +216,7 @@ class GpuWarnings:
             return "raced"
         asked_now = 0
         for job_id in sorted({r.job_id for r in busy} | ({holder} if holder else set())):
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             if job is None or asked(record, job_id, job.attempt):
                 continue
             asked_now += self._ask(instance, rule, record, warning, job, now)
@@ -284,7 +295,7 @@ class GpuWarnings:
     def after_move(self, inst_id: str) -> Outcome:
         """A job left the warned node at its checkpoint: repair it now if nothing else runs
         there (else the sweep looks again within a minute)."""
-        instance = self.data.get_instance(inst_id)
+        instance = self.data.instances.get_instance(inst_id)
         if instance is None or not instance.warning or instance.state not in _WARNED:
             return Outcome("ignored", detail={"instance": inst_id})
         return Outcome(self.sweep(instance, clock.now()), detail={"instance": inst_id})

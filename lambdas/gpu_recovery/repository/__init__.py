@@ -1,13 +1,17 @@
 """The only DynamoDB user: one module per aggregate's records, over shared plumbing.
 
-* ``recovery_loop`` — :class:`Repository`, the recovery loop's: the aggregates below.
+* ``recovery_loop`` — :class:`Repository`, the recovery loop's: a container of the aggregates
+  below, with no read or intent of its own (``repo.jobs``, ``repo.instances``, ``repo.tables``
+  and the sub-repositories).
 * ``base`` — value mapping, :class:`Update`, transactions, batched reads.
 * ``records`` — job, rank and instance items as the domain's objects, and back.
 * ``tables`` — what the recovery loop's repositories share: the two tables, the builders
-  of a job's, a rank's and an instance's conditional update, the deadline index.
-* ``jobs_and_ranks`` — a job and its ranks: reads, intents.
+  of a job's, a rank's and an instance's conditional update, the deadline index
+  (``repo.tables``).
+* ``jobs_and_ranks`` — a job and its ranks: reads, intents (``repo.jobs``).
 * ``registrations`` — a rank's registration: its job and rank items, its task looked up.
-* ``instances`` — a container instance: reads, registration, its fault history.
+* ``instances`` — a container instance: reads, registration, its fault history
+  (``repo.instances``).
 * ``nodes_back`` — a node back from its repair: AVAILABLE (or validating), its jobs released.
 * ``deadlines`` — the deadline index: what is due, every job item carrying one, one pushed or cleared.
 * ``reboots`` — a node's reboot, quarantine and termination, its agent's outage.
@@ -35,7 +39,9 @@
   other services' records, on the same tables.
 
 Services receive repositories from ``gpu_recovery.runtime`` and call their intents
-(``rank_events.enter_recovery``, ``decisions.record``, ``health_checks.claim``...); no
+(``jobs.finish_job``, ``rank_events.enter_recovery``, ``decisions.record``,
+``health_checks.claim``...): a stage is handed the one aggregate it reads, or the container
+when it needs several (its protocol names each one's operations apart); no
 condition expression is written outside this package. An intent returns False when its
 condition did not hold (a duplicate, a race lost, a state moved on); it raises on any other
 error, having written nothing (single items and transactions are all-or-nothing).

@@ -33,7 +33,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.heartbeat_policy import heartbeat_shard, heartbeat_slot
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES
-from gpu_recovery.repository import Repository, Update, from_ddb, to_ddb
+from gpu_recovery.repository import Repository, Update, from_ddb, records, to_ddb
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES
 
 # Job states in which ranks are watched (a queue job is STARTING until every rank runs; a
@@ -80,30 +80,31 @@ class HeartbeatRepository:
 
     def __init__(self, base: Repository, *, shards: int = HB_SHARDS) -> None:
         self.base = base
+        self.tables = base.tables  # the gateway and the update builders
         self.shards = shards  # the heartbeat index's partition keys (HB_SHARDS deployed)
-        self._jobs = base._ddb.Table(base.job_table_name)
-        self._instances = base._ddb.Table(base.instance_table_name)
+        self._jobs = base.tables._ddb.Table(base.tables.job_table_name)
+        self._instances = base.tables._ddb.Table(base.tables.instance_table_name)
 
     # ------------------------------------------------------------------ reads
     def get_job(self, job_id: str) -> Job | None:
-        return self.base.get_job(job_id)
+        return self.base.jobs.get_job(job_id)
 
     def get_instance(self, node_id: str) -> Instance | None:
-        return self.base.get_instance(node_id)
+        return self.base.instances.get_instance(node_id)
 
     def get_ranks(self, job: Job) -> list[Rank]:
-        return self.base.get_ranks(job)
+        return self.base.jobs.get_ranks(job)
 
     def live_ranks_on_instance(self, node_id: str) -> list[Rank]:
-        return self.base.live_ranks_on_instance(node_id)
+        return self.base.jobs.live_ranks_on_instance(node_id)
 
     @staticmethod
     def rank_from_item(item: dict[str, Any]) -> Rank:
-        return Repository.rank_from_item(item)
+        return records.rank_from_item(item)
 
     @staticmethod
     def instance_from_item(item: dict[str, Any]) -> Instance:
-        return Repository.instance_from_item(item)
+        return records.instance_from_item(item)
 
     def node_item(self, node_id: str) -> dict[str, Any] | None:
         raw = self._instances.get_item(Key={INSTANCE_PK: node_id}, ConsistentRead=True).get("Item")
@@ -112,7 +113,7 @@ class HeartbeatRepository:
     def node_items(self, node_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         keys = [{INSTANCE_PK: n} for n in sorted(set(node_ids))]
         return {str(raw[INSTANCE_PK]): from_ddb(dict(raw))
-                for raw in self.base.db.batch_get(self.base.instance_table_name, keys)}
+                for raw in self.tables.db.batch_get(self.tables.instance_table_name, keys)}
 
     def rank_item(self, key: str) -> dict[str, Any] | None:
         raw = self._jobs.get_item(Key={JOB_PK: key}, ConsistentRead=True).get("Item")
@@ -143,7 +144,7 @@ class HeartbeatRepository:
                 "ExpressionAttributeNames": {"#b": HB_PK, "#h": HB_SK},
                 "ExpressionAttributeValues": {":b": _shard_key(shard), ":cutoff": to_ddb(float(cutoff))},
             }))
-        items = [from_ddb(dict(raw)) for raw in self.base.db.batch_get(self.base.job_table_name, keys)]
+        items = [from_ddb(dict(raw)) for raw in self.tables.db.batch_get(self.tables.job_table_name, keys)]
         return sorted((i for i in items if i.get(HB_PK) and isinstance(i.get(HB_AT), int | float)
                        and not isinstance(i.get(HB_AT), bool) and float(i[HB_AT]) < cutoff),
                       key=lambda i: str(i[JOB_PK]))
@@ -162,7 +163,7 @@ class HeartbeatRepository:
 
     # ----------------------------------------------------------- node reports
     def register_node(self, instance: Instance) -> bool:
-        return self.base.put_instance_if_absent(instance)
+        return self.base.instances.put_instance_if_absent(instance)
 
     def record_tasks_report(self, node_id: str, report_ts: float,
                             fields: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,7 +173,7 @@ class HeartbeatRepository:
         Reports are ordered by the server's receive time: a node clock that steps back
         (within the allowed skew) is not a replay.
         """
-        return self.base.db.apply_returning(
+        return self.tables.db.apply_returning(
             self._report_update(node_id, TASKS_REPORT_KEY, report_ts, fields))
 
     def _report_update(self, node_id: str, key_attr: str, report_ts: float,
@@ -190,7 +191,7 @@ class HeartbeatRepository:
                 condition += " AND #v = :v"
                 values[":v"] = version
             set_fields[GPU_REPORT_VERSION] = version + 1
-        return Update(table=self.base.instance_table_name, key={INSTANCE_PK: node_id},
+        return Update(table=self.tables.instance_table_name, key={INSTANCE_PK: node_id},
                       set_fields=set_fields, condition=condition, condition_values=values,
                       condition_names=names, **(extra or {}))
 
@@ -201,12 +202,12 @@ class HeartbeatRepository:
         e-mail it decides, owed) in one transaction."""
         update = self._report_update(node_id, GPU_REPORT_KEY, report_ts, fields, version,
                                      {"remove_fields": ["gpu_report_error"] if clear_error else []})
-        return self.base.db.transact([update, *also]) if also else self.base.db.apply(update)
+        return self.tables.db.transact([update, *also]) if also else self.tables.db.apply(update)
 
     def flag_suspect(self, node_id: str, now: float, reason: str) -> bool:
         """AVAILABLE (or unknown) -> SUSPECT."""
-        return self.base.db.apply(self.base.decisions.suspect_flag(node_id, now, reason, origin="telemetry",
-                                                                   allow_missing=True))
+        return self.tables.db.apply(self.base.decisions.suspect_flag(node_id, now, reason, origin="telemetry",
+                                                                     allow_missing=True))
 
     def record_warning(self, node_id: str, record: dict[str, Any], now: float, *,
                        stale_before: float | None = None) -> bool:
@@ -221,7 +222,7 @@ class HeartbeatRepository:
             condition += " OR #w.#s < :rep"
             values[":rep"] = stale_before
             names["#s"] = "since"
-        return self.base.db.apply(self.base.instance_update(
+        return self.tables.db.apply(self.base.instances.instance_update(
             node_id, from_states=[InstanceState.AVAILABLE, InstanceState.SUSPECT],
             set_fields={"warning": record}, deadline_at=now, extra_condition=condition,
             extra_values=values, extra_names=names))
@@ -229,44 +230,44 @@ class HeartbeatRepository:
     # ------------------------------------------------------------------ ranks
     def refresh_rank(self, rank: Rank, fields: dict[str, Any]) -> bool:
         """Record a heartbeat on a rank still in the state (and task) it was read in."""
-        return self.base.db.apply(self.base.rank_update(rank, rank.state, from_states=[rank.state],
-                                                        set_fields=fields))
+        return self.tables.db.apply(self.base.jobs.rank_update(rank, rank.state, from_states=[rank.state],
+                                                               set_fields=fields))
 
     def move_rank(self, rank: Rank, from_state: RankState, to: RankState, fields: dict[str, Any],
                   *, add: set[str] | None = None, delete: set[str] | None = None,
                   remove: list[str] | None = None, also: Sequence[Update] = ()) -> bool:
         """Rank transition and the job's per-attempt lost / hung sets (and ``also``: an e-mail
         owed), atomically; only while the job is watched and on the rank's attempt."""
-        rank_update = self.base.rank_update(rank, to, from_states=[from_state], set_fields=fields)
+        rank_update = self.base.jobs.rank_update(rank, to, from_states=[from_state], set_fields=fields)
         rank_update.remove_fields.extend(remove or [])
         member = {str(rank.rank)}
         condition, values, names = _watched_job_condition(rank.attempt)
         job_update = Update(
-            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            table=self.tables.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
             set_fields={"updated_at": clock.now()},
             add_to_sets={a: member for a in (add or set())},
             delete_from_sets={d: member for d in (delete or set())},
             condition=condition, condition_values=values, condition_names=names,
         )
-        return self.base.db.transact([rank_update, job_update, *also])
+        return self.tables.db.transact([rank_update, job_update, *also])
 
     def mark_rank_lost(self, rank: Rank, heartbeat_seen: Any, fields: dict[str, Any]) -> bool:
         """RUNNING / HUNG -> NODE_LOST, unless a heartbeat landed since ``heartbeat_seen``."""
-        rank_update = self.base.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
-                                            set_fields=fields)
+        rank_update = self.base.jobs.rank_update(rank, RankState.NODE_LOST, from_states=[rank.state],
+                                                 set_fields=fields)
         rank_update.condition = f"({rank_update.condition}) AND #hbseen = :hbseen"
         rank_update.condition_names["#hbseen"] = HB_AT
         rank_update.condition_values[":hbseen"] = heartbeat_seen
         member = {str(rank.rank)}
         condition, values, names = _watched_job_condition(rank.attempt)
         job_update = Update(
-            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            table=self.tables.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
             set_fields={"updated_at": clock.now()},
             add_to_sets={lost_attr(rank.attempt): member},
             delete_from_sets={hung_attr(rank.attempt): member} if rank.state is RankState.HUNG else {},
             condition=condition, condition_values=values, condition_names=names,
         )
-        return self.base.db.transact([rank_update, job_update])
+        return self.tables.db.transact([rank_update, job_update])
 
     def record_disconnected(self, rank: Rank, seen_at: float, hand_over_by: float,
                             job_state: JobState = JobState.NODE_LOST) -> bool:
@@ -283,31 +284,31 @@ class HeartbeatRepository:
         if rank.state not in LOST_RANK_STATES:
             raise ValueError(f"a lost node's reading is kept on a NODE_LOST or STOP_REQUESTED rank, "
                              f"not {rank.state.value}")
-        rank_update = self.base.rank_update(rank, rank.state, from_states=[rank.state],
-                                            set_fields={DISCONNECTED_SEEN: seen_at}, keep_watched=True)
+        rank_update = self.base.jobs.rank_update(rank, rank.state, from_states=[rank.state],
+                                                 set_fields={DISCONNECTED_SEEN: seen_at}, keep_watched=True)
         fields: dict[str, Any] = {"updated_at": clock.now()}
         if job_state is JobState.NODE_LOST:
             fields["heartbeat_escalate_at"] = hand_over_by
         job_update = Update(
-            table=self.base.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
+            table=self.tables.job_table_name, key={JOB_PK: job_item_key(rank.job_id)},
             set_fields=fields,
             condition="#att = :att AND #js = :js",
             condition_values={":att": rank.attempt, ":js": job_state.value},
             condition_names={"#att": "attempt", "#js": "job_state"},
         )
-        return self.base.db.transact([rank_update, job_update])
+        return self.tables.db.transact([rank_update, job_update])
 
     def forget_disconnected(self, rank: Rank) -> bool:
         """The node's ECS agent read connected again: its earlier disconnected reading no longer
         counts (the next one starts over)."""
-        update = self.base.rank_update(rank, rank.state, from_states=[rank.state], keep_watched=True)
+        update = self.base.jobs.rank_update(rank, rank.state, from_states=[rank.state], keep_watched=True)
         update.remove_fields.append(DISCONNECTED_SEEN)
-        return self.base.db.apply(update)
+        return self.tables.db.apply(update)
 
     def unwatch_rank(self, rank: Rank) -> bool:
         """Drop a rank from the heartbeat index (its job no longer needs watching)."""
-        return self.base.db.apply(Update(
-            table=self.base.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
+        return self.tables.db.apply(Update(
+            table=self.tables.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
             remove_fields=[HB_PK],
             condition="#t = :t AND attribute_exists(#hb)",
             condition_values={":t": rank.task_arn},
@@ -330,8 +331,8 @@ class HeartbeatRepository:
         if target is JobState.RUNNING:
             remove = [*DEADLINE_ATTRIBUTES, "heartbeat_escalate_at"]
         elif deadline_at is not None:
-            fields = {**self.base.job_deadline_fields(deadline_at), "heartbeat_escalate_at": escalate_at}
-        return self.base.db.apply(self.base.job_transition(
+            fields = {**self.base.jobs.job_deadline_fields(deadline_at), "heartbeat_escalate_at": escalate_at}
+        return self.tables.db.apply(self.base.jobs.job_transition(
             job_id, target, from_states=[source], attempt=attempt, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove, extra_condition=condition, extra_names=names))
 

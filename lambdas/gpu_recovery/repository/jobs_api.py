@@ -25,7 +25,7 @@ from gpu_recovery.constants import (
     job_item_key,
 )
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, to_ddb
+from gpu_recovery.repository import Repository, from_ddb, is_condition_failure, records, to_ddb
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
 
 SUBMIT_KEY_ITEM_TYPE = "SUBMIT_KEY"
@@ -59,7 +59,8 @@ class JobQueueRepository:
 
     def __init__(self, base: Repository) -> None:
         self.base = base
-        self._jobs = base._ddb.Table(base.job_table_name)
+        self.tables = base.tables  # the gateway and the update builders
+        self._jobs = base.tables._ddb.Table(base.tables.job_table_name)
         # A large gang's stop fan-out, sent once as the recovery sends it (``recovery.fanout_send``).
         self.fanouts = base.fanouts
 
@@ -72,18 +73,18 @@ class JobQueueRepository:
         return from_ddb(dict(raw))
 
     def get_rank(self, job_id: str, rank: int) -> Rank | None:
-        return self.base.get_rank(job_id, rank)
+        return self.base.jobs.get_rank(job_id, rank)
 
     def preflight(self, job_id: str, attempt: int) -> dict[str, Any] | None:
         """The attempt's gang preflight (None: it ran none)."""
         return self.base.preflight.get(job_id, attempt)
 
     def get_ranks(self, job: Job) -> list[Rank]:
-        return self.base.get_ranks(job)
+        return self.base.jobs.get_ranks(job)
 
     @staticmethod
     def job_from_item(item: dict[str, Any]) -> Job:
-        return Repository.job_from_item(item)
+        return records.job_from_item(item)
 
     def list_page(self, index: str, partition_attr: str, partition_value: str, *,
                   state: str | None, limit: int,
@@ -116,7 +117,7 @@ class JobQueueRepository:
     def submit_key(self, key: str, now: float) -> SubmitKey | None:
         """The job a caller's Idempotency-Key made (``key``: their digest), strongly
         consistent; None for a key never used, or used longer ago than its window."""
-        raw = self.base.db.get(self.base.job_table_name, {JOB_PK: _submit_key_item_key(key)})
+        raw = self.tables.db.get(self.tables.job_table_name, {JOB_PK: _submit_key_item_key(key)})
         if not raw:
             return None
         held = SubmitKey(key=key, request=str(raw.get("request_digest") or ""),
@@ -146,7 +147,7 @@ class JobQueueRepository:
         was lost and botocore sent it again: the key read back has this ``nonce``), an
         earlier submission's when the caller's key names a job already; None when only the
         job id is another job's (the caller draws another)."""
-        table = self.base.job_table_name
+        table = self.tables.job_table_name
         job = Update(table=table, key={JOB_PK: item[JOB_PK]},
                      set_fields={k: v for k, v in item.items() if k != JOB_PK},
                      condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK})
@@ -157,7 +158,7 @@ class JobQueueRepository:
                         JOB_TABLE_TTL_ATTRIBUTE: int(key.expires_at) + 1},
             condition="attribute_not_exists(#k) OR #exp < :now",
             condition_names={"#k": JOB_PK, "#exp": "expires_at"}, condition_values={":now": now})
-        if self.base.db.transact([job, claim]):
+        if self.tables.db.transact([job, claim]):
             return key
         return self.submit_key(key.key, now)
 
@@ -177,16 +178,16 @@ class JobQueueRepository:
         fields: dict[str, Any] = {}
         if stop_ranks_of is not None:
             now = clock.now()
-            fields.update(self.base.stop_fanout_fields(stop_ranks_of, reason, now))
+            fields.update(self.base.jobs.stop_fanout_fields(stop_ranks_of, reason, now))
             fields["stop_fanout"]["remediation"] = False
-            fields.update(self.base.job_deadline_fields(now + 60))
+            fields.update(self.base.jobs.job_deadline_fields(now + 60))
         elif clear_deadline:
             remove += DEADLINE_ATTRIBUTES
-        return self.base.db.apply(self.base.job_transition(
+        return self.tables.db.apply(self.base.jobs.job_transition(
             job_id, to, from_states=[current], attempt=None, reason=reason, actor=actor,
             set_fields=fields, remove_fields=remove))
 
     def request_rank_stop(self, rank: Rank, from_states: Iterable[RankState], reason: str) -> bool:
-        return self.base.db.apply(self.base.rank_update(
+        return self.tables.db.apply(self.base.jobs.rank_update(
             rank, RankState.STOP_REQUESTED, from_states=from_states,
             set_fields={"stop_reason": reason[:300]}))

@@ -7,7 +7,7 @@ again. The item lives in the container-instance table (beside the breaker).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_recovery.constants import ECS_DESCRIBE_RATE_ITEM_KEY, ECS_RATE_ITEM_KEY, INSTANCE_PK
 from gpu_recovery.domain.rate_limit import (
@@ -19,17 +19,20 @@ from gpu_recovery.domain.rate_limit import (
 )
 from gpu_recovery.repository.base import Update, from_ddb
 
+if TYPE_CHECKING:
+    from gpu_recovery.repository.tables import RecoveryTables
+
 _ROUNDS = 6
 
 
 class RateLimitRepository:
-    def __init__(self, base: Any, key: str = ECS_RATE_ITEM_KEY) -> None:
-        self.base = base  # Repository
+    def __init__(self, base: RecoveryTables, key: str = ECS_RATE_ITEM_KEY) -> None:
+        self.base = base  # the recovery loop's tables (``Repository.tables``)
         self.table = base.instance_table_name
         self.key = key
 
     @classmethod
-    def describe_budget(cls, base: Any) -> RateLimitRepository:
+    def describe_budget(cls, base: RecoveryTables) -> RateLimitRepository:
         """The stack's DescribeTasks budget's item (the tag lookups')."""
         return cls(base, ECS_DESCRIBE_RATE_ITEM_KEY)
 

@@ -3,8 +3,9 @@ sub-repositories over them (the deadline index among them) and the builders of c
 updates (a job's transition, a rank's, an instance's).
 
 :class:`RecoveryTables` is the base of the intents of jobs and ranks and of instances
-(``gpu_recovery.repository.Repository`` is their union), and what the aggregates it carries
-are built over (``node_tasks``, ``breaker``, ``warnings``...). The builders are also what the
+(``Repository.jobs``, ``Repository.instances``: built ``over`` one ``RecoveryTables``,
+``Repository.tables``, so all three share its state), and what the aggregates it carries are
+built over (``node_tasks``, ``breaker``, ``warnings``...). The builders are also what the
 heartbeat and queue repositories, which share these tables, build their own intents with;
 they write through the tables' gateway (``db``: ``DynamoGateway``), which no stage sees.
 """
@@ -12,7 +13,7 @@ they write through the tables' gateway (``db``: ``DynamoGateway``), which no sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -71,6 +72,15 @@ class RecoveryTables:
         self.node_tasks = NodeTaskClaims(self)  # a node task's claim, every kind's
         # The sweep's reads of the deadline index, and the scheduler's of the jobs holding nodes.
         self.deadlines = DeadlineIndex(self)
+
+    @classmethod
+    def over(cls, tables: RecoveryTables) -> Self:
+        """This aggregate over tables already open: one state with ``tables`` (the same
+        gateway, the same sub-repositories), so the aggregates of one ``Repository`` never
+        hold two copies of it."""
+        aggregate = cls.__new__(cls)
+        aggregate.__dict__ = tables.__dict__
+        return aggregate
 
     # ================================================================== mapping
     job_from_item = staticmethod(records.job_from_item)

@@ -29,13 +29,13 @@ WINDOW = 600
 def _tripped(w: World) -> None:
     """node-x was rebooted (and is back, AVAILABLE) a minute ago; node-b's reboot then trips
     the breaker of this small cluster (limit 1 per window): its job waits HELD."""
-    w.repo.put_instance_if_absent(Instance(REBOOTED, C.InstanceState.AVAILABLE))
+    w.repo.instances.put_instance_if_absent(Instance(REBOOTED, C.InstanceState.AVAILABLE))
     w.trip_breaker([REBOOTED])
     arns = w.register_job("j", [PEER, FAULTY])
     reboot_fault(w, arns)
     stored = w.repo.breaker.read()
     assert stored["state"] == policy.TRIPPED and stored["tripped_nodes"] == [REBOOTED]
-    assert w.repo.get_job("j").state is JobState.HELD
+    assert w.repo.jobs.get_job("j").state is JobState.HELD
 
 
 def _back(w: World, node: str) -> None:
@@ -67,7 +67,7 @@ def test_it_closes_by_itself_a_window_after_the_trip_releases_the_backlog_and_sa
         assert w.rebooter.calls == [f"i-{FAULTY}"]  # released in the same sweep
         _back(w, FAULTY)
         sweep_minutes(w, 2)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert running_on(w) == [PEER, FAULTY]
         sweep_minutes(w, 15)
@@ -114,14 +114,14 @@ def test_a_node_it_acted_on_that_faults_again_leaves_it_open_until_an_operator_r
     waits for an operator; the operator's reset still works."""
     with world() as w:
         _tripped(w)
-        item = w.repo.get_instance_item(REBOOTED)
+        item = w.repo.instances.get_instance_item(REBOOTED)
         assert item is not None
         w.advance(120)
         # node-x's new fault, decided after the trip (held back by the tripped breaker)
-        w.repo.db.apply(w.repo.instance_update(REBOOTED, from_states=[C.InstanceState.AVAILABLE],
-                                               to=C.InstanceState.SUSPECT, set_fields={"fault_history": [
-                                                   {"at": w.now[0], "cause": "xid-79", "action": "reboot",
-                                                    "executed": False}]}))
+        history = [{"at": w.now[0], "cause": "xid-79", "action": "reboot", "executed": False}]
+        w.repo.tables.db.apply(w.repo.instances.instance_update(
+            REBOOTED, from_states=[C.InstanceState.AVAILABLE], to=C.InstanceState.SUSPECT,
+            set_fields={"fault_history": history}))
         sweep_minutes(w, 15)
         stored = w.repo.breaker.read()
         assert stored["state"] == policy.TRIPPED

@@ -39,7 +39,7 @@ def _reset_and_back(w: World) -> None:
     for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
         w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
                                                                 version=version, at=at))
-    assert w.repo.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
+    assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.AVAILABLE
 
 
 def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> None:
@@ -49,7 +49,7 @@ def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> N
     reset does; the sweep keeps it waiting while the breaker holds."""
     with world() as w:
         _held(w)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.HELD and job.recoveries_used == 0
         assert job.breaker_hold is not None and job.breaker_hold.nodes == (FAULTY,)
         assert job.breaker_hold.seconds == 3600 and job.tally.held == 1
@@ -59,11 +59,11 @@ def test_a_job_on_a_held_node_waits_held_uncharged_and_operators_are_told() -> N
         assert f"--resume-backlog` reboots {FAULTY} now; the job restarts on its nodes" in mail
         assert "`--drop-backlog` fails the job" in mail
         sweep_minutes(w, 5)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.HELD and job.recoveries_used == 0
         assert not sent(w, NotificationKind.FAILED) and len(sent(w, NotificationKind.JOB_HELD)) == 1
         # Its nodes are held for its restart: the scheduler's index of jobs in recovery lists it.
-        assert [i["job_id"] for i in SchedulingRepository(w.repo).jobs_in_recovery()] == ["j"]
+        assert [i["job_id"] for i in SchedulingRepository(w.repo.jobs).jobs_in_recovery()] == ["j"]
 
 
 def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_restarts() -> None:
@@ -73,14 +73,14 @@ def test_a_reset_that_resumes_the_backlog_reboots_the_node_and_the_held_job_rest
     with world() as w:
         _held(w)
         _reset_and_back(w)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.HELD and job.recoveries_used == 0  # the sweep notices it
         sweep_minutes(w, 1)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1
         assert running_on(w) == [PEER, FAULTY]
-        history = [h["to"] for h in state_changes((w.repo.get_job_item("j") or {})["history"])]
+        history = [h["to"] for h in state_changes((w.repo.jobs.get_job_item("j") or {})["history"])]
         held_at = history.index("HELD")
         assert history[held_at:held_at + 3] == ["HELD", "PENDING_RESTART", "STARTING"]
 
@@ -90,8 +90,8 @@ def test_the_held_job_waits_while_the_released_node_reboots() -> None:
         _held(w)
         assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
         sweep_minutes(w, 3)
-        assert w.repo.get_instance(FAULTY).state is C.InstanceState.REBOOTING
-        assert w.repo.get_job("j").state is JobState.HELD
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.REBOOTING
+        assert w.repo.jobs.get_job("j").state is JobState.HELD
 
 
 def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charged_twice() -> None:
@@ -105,20 +105,20 @@ def test_a_refused_hold_is_finished_by_the_sweep_and_a_lost_resume_is_not_charge
         w.repo.fail_once("breaker.hold_job", "refuse")
         with pytest.raises(TimeoutError):  # the event is retried; the sweep finishes it anyway
             reboot_fault(w, arns)
-        assert w.repo.get_job("j").state is JobState.PENDING_RESTART
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
         sweep_minutes(w, 1)
-        assert w.repo.get_job("j").state is JobState.HELD
+        assert w.repo.jobs.get_job("j").state is JobState.HELD
         assert len(sent(w, NotificationKind.JOB_HELD)) == 1
         w.advance(80 * 60)
         w.service.sweep()
-        assert w.repo.get_job("j").state is JobState.HELD
+        assert w.repo.jobs.get_job("j").state is JobState.HELD
         _reset_and_back(w)
         w.repo.fail_once("breaker.resume_held_job", "lose")
         sweep_minutes(w, 1)  # the step fails after the write: the job is PENDING_RESTART
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
         sweep_minutes(w, 1)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
         assert job.recoveries_used == 1 and running_on(w) == [PEER, FAULTY]
 
@@ -131,11 +131,11 @@ def test_a_reset_that_drops_the_backlog_fails_the_held_job_saying_so() -> None:
         _held(w)
         assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=False, by="oncall").done
         sweep_minutes(w, 1)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED
         assert job.last_error.startswith("the blast-radius breaker's backlog was dropped by oncall")
         assert f"nothing will reboot {FAULTY}" in job.last_error
-        inst = w.repo.get_instance(FAULTY)
+        inst = w.repo.instances.get_instance(FAULTY)
         assert inst.state is C.InstanceState.SUSPECT and inst.cordoned and w.rebooter.calls == []
         [mail] = sent(w, NotificationKind.FAILED)
         assert "backlog was dropped" in mail
@@ -145,9 +145,9 @@ def test_a_held_job_fails_at_its_deadline_naming_the_node_and_the_hold() -> None
     with world(held_job_deadline_seconds=300) as w:
         _held(w)
         sweep_minutes(w, 4)
-        assert w.repo.get_job("j").state is JobState.HELD
+        assert w.repo.jobs.get_job("j").state is JobState.HELD
         sweep_minutes(w, 2)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED and job.recoveries_used == 0
         assert job.last_error == (f"held 300 s (held_job_deadline_seconds) waiting for the reboot of "
                                   f"{FAULTY}, held back by the blast-radius breaker; nobody reset the "
@@ -158,7 +158,7 @@ def test_a_held_job_fails_at_its_deadline_naming_the_node_and_the_hold() -> None
 def test_a_deadline_of_zero_fails_the_job_at_once_as_before() -> None:
     with world(held_job_deadline_seconds=0) as w:
         _held(w)
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state is JobState.FAILED and "not carried out" in job.last_error
         assert not sent(w, NotificationKind.JOB_HELD)
 
@@ -167,7 +167,7 @@ def test_a_relocatable_job_moves_off_the_held_node_instead_of_waiting() -> None:
     with world() as w:
         w.ecs.spare_nodes = [SPARE]
         _held(w, **{C.TAG_RELOCATABLE: "true"})
-        job = w.repo.get_job("j")
+        job = w.repo.jobs.get_job("j")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.breaker_hold is None
         assert {a: m["node"] for a, m in w.repo.faults.placement("j", 2).items()} == {FAULTY: SPARE}
 
@@ -185,7 +185,7 @@ def test_the_breaker_tripped_mail_says_which_job_waits_on_which_node_and_what_a_
                 "or reset), not failed, budget not charged)); --resume-backlog reboots it; it is uncordoned "
                 "and takes work again once back, and j restart(s) on their nodes then;") in mail
         assert "and fails j" in mail and "fail 3600 s after they were held" in mail
-        assert w.repo.get_job("j").state is JobState.HELD
+        assert w.repo.jobs.get_job("j").state is JobState.HELD
 
 
 def test_breaker_show_lists_the_held_jobs_and_the_nodes_they_wait_on(

@@ -79,7 +79,7 @@ class JobQueueService:
         repo = repo if isinstance(repo, JobQueueRepository) else JobQueueRepository(repo)
         self.context = JobsApiContext(
             repo=repo,
-            suspensions=SuspensionRepository(repo.base),
+            suspensions=SuspensionRepository(repo.base.jobs),
             ecs=ecs,
             task_definitions=task_definitions,
             log_reader=log_reader,

@@ -22,7 +22,7 @@ Cost: per held job a minute, one job item and the few nodes it waits for; nothin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
@@ -44,7 +44,7 @@ from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
-from gpu_recovery.recovery.stage_data import EndsJobs
+from gpu_recovery.recovery.stage_data import EndsJobs, ReadsInstances
 from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
@@ -67,13 +67,16 @@ def _at(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class HoldData(EndsJobs, Protocol):
+class HoldData(Protocol):
     """The job (its failure, its next look), its nodes and suspects."""
 
     deadlines: DeadlineIndex
     faults: FaultRepository
 
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+    @property
+    def jobs(self) -> EndsJobs: ...
+    @property
+    def instances(self) -> ReadsInstances: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -100,7 +103,7 @@ class HeldJobs:
         held_here = {s.node for s in repo.faults.suspects(job.job_id, job.attempt)
                      if s.verdict is SuspectVerdict.BLOCKED} if tally.held else set()
         nodes = sorted(held_here | set(unusable))
-        instances = repo.get_instances(nodes)
+        instances = repo.instances.get_instances(nodes)
         views = {n: node_view(instances.get(n)) for n in nodes}
         breaker = self.breaker.read()
         backlog = backlog_nodes(breaker)
@@ -118,7 +121,7 @@ class HeldJobs:
                 self.fail(job, hold.timeout_reason())
                 return Outcome("restart_failed", job.job_id, {"why": "held too long"})
         else:
-            raw = (repo.get_job_item(job.job_id) or {}).get("breaker_hold") or {}
+            raw = (repo.jobs.get_job_item(job.job_id) or {}).get("breaker_hold") or {}
             spend = str(raw.get("spend", "")) if int(raw.get("attempt") or 0) == job.attempt else ""
             reasons = sorted({str((instances[n].breaker_blocked or {}).get("reason") or "")
                               for n in waiting if n in instances} - {""})
@@ -143,7 +146,7 @@ class HeldJobs:
         if hold is None:
             self.fail(job, "held without a record of what it waits for")
             return "held_failed"
-        instances = repo.get_instances(list(hold.nodes))
+        instances = repo.instances.get_instances(list(hold.nodes))
         breaker = self.breaker.read() or {}
         judged = judge_hold(hold, {n: node_view(instances.get(n)) for n in hold.nodes},
                             backlog=backlog_nodes(breaker), now=now,
@@ -165,7 +168,7 @@ class HeldJobs:
             replace(job, state=JobState.FAILED, last_error=reason[:1000]), None, NotificationKind.FAILED,
             "Job failed: held node not rebooted", what_happened=reason,
             what_was_done="Job marked FAILED (it was HELD, not charged)", operator_action=_FAILED_ACTION)
-        if not ended(self.metrics, self.data, job.job_id, self.data.finish_job(
+        if not ended(self.metrics, self.data.jobs, job.job_id, self.data.jobs.finish_job(
                 job.job_id, job.attempt, JobState.FAILED, reason, fields={"last_error": reason[:1000]},
                 from_states=[job.state], also=self.notices.owe([notice]))):
             return False

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
@@ -37,7 +36,6 @@ from gpu_recovery.domain.escalation import (
 )
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.fault_vocabulary import Action
-from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import InstanceState
@@ -45,7 +43,7 @@ from gpu_recovery.recovery.breaker.gate import NodeActionGate, held_back_lines
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import ReadsInstances, ReadsNode, ReadsNodeItems, RecordsNodeDecisions
 from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.node_decisions import NodeDecision
@@ -58,16 +56,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BACKLOG_AGE_SECONDS = 24 * 3600
 
 
-class ReadsInstances(Protocol):
-    """The nodes the breaker acted on, read in one batch (its auto-close)."""
-
-    def get_instances(self, ids: Iterable[str]) -> dict[str, Instance]: ...
+class ReleaseNodes(ReadsInstances, ReadsNodeItems, ReadsNode, Protocol):
+    """The nodes the breaker acted on (read in one batch: its auto-close) and held back."""
 
 
-class ReleaseData(ReadsInstances, ReadsNodeItems, RecordsNodeDecisions, Protocol):
+class ReleaseData(RecordsNodeDecisions, Protocol):
     """The nodes the breaker acted on and held back, and a released action's decision."""
 
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+    @property
+    def instances(self) -> ReleaseNodes: ...
 
 
 @dataclass(frozen=True)
@@ -211,7 +208,7 @@ class BreakerOperations:
         settings = self.settings.remediation.breaker
         if not settings.enabled:
             return ""
-        answer = assess(self.data, stored, now=now, settings=settings)
+        answer = assess(self.data.instances, stored, now=now, settings=settings)
         recorded = bool(rules.normalize(stored)["needs_operator"])
         if answer.verdict is not rules.AutoClose.CLOSE and (answer.verdict is not rules.AutoClose.OPERATOR
                                                              or recorded):
@@ -272,8 +269,8 @@ class BreakerOperations:
 
     def _release(self, node: str, entry: dict[str, Any], now: float) -> str:
         repo = self.data
-        raw = repo.get_instance_item(node)
-        instance = repo.instance_from_item(raw) if raw else None
+        raw = repo.instances.get_instance_item(node)
+        instance = repo.instances.instance_from_item(raw) if raw else None
         action = Action(entry.get("action") or Action.REBOOT.value)
         effect = {Action.REBOOT: Effect.REBOOT, Action.RESET_GPU: Effect.RESET_GPU}.get(action, Effect.DRAIN)
         if instance is None or instance.state is not InstanceState.SUSPECT or not instance.breaker_blocked \
@@ -311,7 +308,7 @@ class BreakerOperations:
             follow_up_at=now + FOLLOW_UP_SECONDS, reset=action is Action.RESET_GPU)
         if not repo.decisions.record(instance, decision, [], now, update):
             return "backlog_raced"  # the node or the breaker changed: the next sweep decides again
-        fresh = repo.get_instance(node) or instance
+        fresh = repo.instances.get_instance(node) or instance
         self.remediation.carry_out(fresh)
         logger.warning("breaker backlog entry carried out", extra={"instance": node, "action": action.value})
         return f"backlog_{action.value}"

@@ -56,6 +56,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
+from gpu_recovery.recovery.stage_data import ReadsJob
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import PreflightRepository
@@ -73,7 +74,8 @@ class HandoverData(Protocol):
     preflight: PreflightRepository
     rank_events: RankEventRepository  # the fault entered, as a rank's end enters it
 
-    def get_job(self, job_id: str) -> Job | None: ...
+    @property
+    def jobs(self) -> ReadsJob: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -91,7 +93,7 @@ class PreflightHandover:
         job_id, attempt = str(item["pf_job_id"]), int(item["attempt"])
         pinned = [p for p in item.get("pinned") or () if isinstance(p, Mapping) and p.get("node")]
         now = clock.now()
-        job = repo.get_job(job_id)
+        job = repo.jobs.get_job(job_id)
         if job is None or job.attempt != attempt or not pinned:
             repo.preflight.handed_over(job_id, attempt, now)
             return "preflight_moved_on"
@@ -126,7 +128,7 @@ class PreflightHandover:
         for pin in pinned:  # named suspects at the latch: counted once every rank ended
             repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
                                 suspect_node=str(pin["node"]))
-        fresh = repo.get_job(job_id)
+        fresh = repo.jobs.get_job(job_id)
         if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES:
             # First the job's nodes reserved for it (before its ranks stop and free them).
             after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(fresh))

@@ -66,7 +66,15 @@ from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.job_fault import JobFaultData, PreflightJobFault
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.repository.latches import LatchRepository
-from gpu_recovery.repository.preflight import ABANDONED, INCONCLUSIVE, JOB_FAULT, PASSED, PINNED, RUNNING
+from gpu_recovery.repository.preflight import (
+    ABANDONED,
+    INCONCLUSIVE,
+    JOB_FAULT,
+    PASSED,
+    PINNED,
+    RUNNING,
+    PreflightRepository,
+)
 from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.settings import Settings
 
@@ -93,12 +101,16 @@ class PreflightError(Exception):
         self.message = message
 
 
-class PreflightData(JobFaultData, Protocol):
+class PreflightData(Protocol):
     """The preflight's items (``repository/preflight.py``), its ranks' arrivals on the latch, the
     job's ledger mark of its preflight time; and what a job's own fault ends (``JobFaultData``)."""
 
     latches: LatchRepository
+    preflight: PreflightRepository
     rank_events: RankEventRepository  # the job's ledger mark of its preflight time
+
+    @property
+    def jobs(self) -> JobFaultData: ...
 
 
 class Preflights:
@@ -109,7 +121,7 @@ class Preflights:
         self.tenant_evidence = tenant_evidence
         self.metrics = metrics  # the service's relay: the invocation's metrics
         self.settings = settings
-        self.job_fault = PreflightJobFault(data, notices, metrics)
+        self.job_fault = PreflightJobFault(data.jobs, notices, metrics)
 
     @property
     def policy(self) -> Any:
@@ -132,7 +144,7 @@ class Preflights:
 
     def _start(self, job_id: str, attempt: int, now: float) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         repo = self.data
-        job = repo.get_job_item(job_id) or {}
+        job = repo.jobs.get_job_item(job_id) or {}
         current = int(job.get("attempt") or 0)
         if current != attempt:
             return None, {"action": "stop", "reason": f"attempt {attempt} is over (the job is at {current})"}
@@ -282,7 +294,7 @@ class Preflights:
         preflight started before it was recorded reads its job."""
         if "baseline_user" in item:  # not "user": a key of the job table's user index
             return str(item["baseline_user"])
-        return subject_of(self.data.get_job_item(str(item["pf_job_id"])) or {})
+        return subject_of(self.data.jobs.get_job_item(str(item["pf_job_id"])) or {})
 
     @staticmethod
     def _threshold(item: Mapping[str, Any], size: int) -> Threshold:
@@ -388,7 +400,7 @@ class Preflights:
     def _evidence_limited(self, job_id: str) -> str:
         """Why this job's (or its user's) preflight no longer moves nodes ("": it does): its
         evidence named too many nodes the stack's own check then cleared (issue 49)."""
-        user = str((self.data.get_job_item(job_id) or {}).get("user") or "")
+        user = str((self.data.jobs.get_job_item(job_id) or {}).get("user") or "")
         return self.tenant_evidence.limited(job_id, user)
 
     def _own_fault(self, item: dict[str, Any], why: str, summary: list[str], now: float) -> dict[str, Any]:
@@ -465,7 +477,7 @@ class Preflights:
         if status != RUNNING:
             repo.preflight.settle(job_id, attempt)  # concluded: nothing is due
             return "preflight_settled"
-        job = repo.get_job_item(job_id) or {}
+        job = repo.jobs.get_job_item(job_id) or {}
         if int(job.get("attempt") or 0) != attempt or job.get("job_state") not in STARTED_STATES:
             repo.preflight.abandon(job_id, attempt, f"the job moved on ({job.get('job_state')}, attempt "
                                                     f"{job.get('attempt')})", now)

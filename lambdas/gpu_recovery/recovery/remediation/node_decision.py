@@ -139,16 +139,30 @@ class Applied:
     outcomes: list[tuple[Job, JobOutcome]]
 
 
-class DecisionData(ReadsNodeItems, RecordsNodeDecisions, Protocol):
+class DecisionJobs(Protocol):
+    """The jobs a node's decision settles."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+class DecisionData(RecordsNodeDecisions, Protocol):
     """The node (its item, its fault history), the suspects and jobs its decision settles, the
     decision's one transaction, and the holds it may cordon the node by."""
 
     faults: FaultRepository
     cordons: CordonRepository
 
+    @property
+    def jobs(self) -> DecisionJobs: ...
+    @property
+    def instances(self) -> DecisionNodes: ...
+
+
+class DecisionNodes(ReadsNodeItems, Protocol):
+    """The node decided: read, its fault history, a fault observed only."""
+
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_job(self, job_id: str) -> Job | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
     def record_node_fault(self, inst_id: str, *, fault_history: list[dict[str, Any]],
                           last_fault: dict[str, Any] | None, read_version: int) -> bool: ...
     def observed_fault_updates(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
@@ -203,10 +217,10 @@ class NodeRemediation:
         if not is_definitive(stored.get("plan")) or not stored.get("evidence"):
             return None
         for _ in range(APPLY_ROUNDS):
-            raw = self.data.get_instance_item(inst_id)
+            raw = self.data.instances.get_instance_item(inst_id)
             if raw is None:
                 return None
-            instance = self.data.instance_from_item(raw)
+            instance = self.data.instances.instance_from_item(raw)
             if instance.state not in (InstanceState.AVAILABLE, InstanceState.SUSPECT):
                 return None
             now = clock.now()
@@ -214,7 +228,7 @@ class NodeRemediation:
             plan = self.plan(evidence, raw, now=now)
             if not is_definitive(plan):
                 return None
-            fresh = self.data.get_job(job.job_id)
+            fresh = self.data.jobs.get_job(job.job_id)
             if fresh is None or fresh.attempt != job.attempt or fresh.state not in RECOVERING_JOB_STATES:
                 return "moved_on"
             pending = self.data.faults.get_suspect(job.job_id, job.attempt, inst_id)
@@ -295,7 +309,7 @@ class NodeRemediation:
         outcomes = [(v.job, o) for v, o in verdicts]
         self.metrics.add_metric("Failures", "Count", sum(1 for _, o in outcomes if o.fails))
         for failed in (job for job, outcome in outcomes if outcome.fails):
-            ended(self.metrics, self.data, failed.job_id, True)
+            ended(self.metrics, self.data.jobs, failed.job_id, True)
 
         # The reboot or drain has the instance's follow-up deadline, a restart its job's: the
         # sweep carries out whatever a failure here leaves.
@@ -313,7 +327,7 @@ class NodeRemediation:
         (it works the attribute worklist before anything else)."""
         inst_id = instance.container_inst_id
         self.after_cordon(gate, inst_id, uncordoned=uncordon and instance.cordoned, cordoned=cordoned)
-        fresh = self.data.get_instance(inst_id) or instance
+        fresh = self.data.instances.get_instance(inst_id) or instance
         self.carry_out(fresh, plan)
         for job, outcome in outcomes:
             # A healthy node may be the last one a job was waiting for; a job leaving an
@@ -424,7 +438,7 @@ class NodeRemediation:
             history = stored_history_with(instance_item.get("fault_history"), plan.node_record, now,
                                           self.policy.escalation)
         last_fault = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": job_ids}
-        instance = self.data.instance_from_item(instance_item)
+        instance = self.data.instances.instance_from_item(instance_item)
         gate, record = None, None
         if plan.action in NODE_ACTIONS and not (instance.cordoned
                                                 and instance.cordon.get("cause") == plan.decision.rule_id):
@@ -432,8 +446,9 @@ class NodeRemediation:
             gate = self.gate.decide(node=inst_id, action=None, job_ids=(), now=now,
                                     reason=plan.decision.reason, cordon_unless_drained=True)
             record = gate.cordon_record(cause=plan.decision.rule_id, reason=plan.decision.reason, now=now)
-        updates = self.data.observed_fault_updates(inst_id, fault_history=history, last_fault=last_fault,
-                                                   cordon=record, version=now)
+        updates = self.data.instances.observed_fault_updates(inst_id, fault_history=history,
+                                                             last_fault=last_fault, cordon=record,
+                                                             version=now)
         if record is None or gate is None:
             return Observed(updates, [])
         return Observed([*updates, *([gate.update] if gate.update is not None else [])],
@@ -481,7 +496,7 @@ class NodeRemediation:
         record = replace(plan.node_record, at=evidence.fault_at, job_id=job.job_id, charged_job=False,
                          evidence=summary)
         for _ in range(APPLY_ROUNDS):
-            raw = repo.get_instance_item(inst_id)
+            raw = repo.instances.get_instance_item(inst_id)
             if raw is None:
                 return False
             history = history_from_item(raw.get("fault_history"))
@@ -491,7 +506,7 @@ class NodeRemediation:
             now = clock.now()
             merged = history_to_item(record_fault(history, record, now, self.policy.escalation))
             last = {"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job.job_id]}
-            if repo.record_node_fault(inst_id, fault_history=merged, last_fault=last,
-                                      read_version=int(raw.get("fault_history_version") or 0)):
+            if repo.instances.record_node_fault(inst_id, fault_history=merged, last_fault=last,
+                                                read_version=int(raw.get("fault_history_version") or 0)):
                 return True
         return False

@@ -20,7 +20,7 @@ own check passes it (``recovery.lost_node_checks``), or a person returns it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ from gpu_recovery.recovery.remediation.node_decision import (
     projected,
 )
 from gpu_recovery.recovery.remediation.notices import observed_node_effects
-from gpu_recovery.recovery.stage_data import RecordsNodeDecisions, RecordsObservedFaults
+from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions, RecordsObservedFaults
 
 logger = logging.getLogger(__name__)
 
@@ -116,15 +116,27 @@ def unreachable_decided(job: Job, inst_id: str) -> bool:
     return decision.get("rule_id") in (UNREACHABLE_RULE, AGENT_DISCONNECTED_RULE)
 
 
-class UnreachableData(RecordsNodeDecisions, RecordsObservedFaults, Protocol):
+class UnreachableJobs(Protocol):
+    """The job whose node is lost."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+
+
+class UnreachableNodes(ReadsNodeItems, RecordsObservedFaults, Protocol):
+    """The lost node, the fault observed only (observe mode)."""
+
+    def get_instance(self, container_inst_id: str) -> Instance | None: ...
+
+
+class UnreachableData(RecordsNodeDecisions, Protocol):
     """The job and its lost node, the node's decision (or the job's failure alone), the fault
     observed only (observe mode)."""
 
-    def get_job(self, job_id: str) -> Job | None: ...
-    def get_instance(self, container_inst_id: str) -> Instance | None: ...
-    def get_instance_item(self, container_inst_id: str) -> dict[str, Any] | None: ...
-    def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
-    def instance_from_item(self, item: Mapping[str, Any]) -> Instance: ...
+    @property
+    def jobs(self) -> UnreachableJobs: ...
+    @property
+    def instances(self) -> UnreachableNodes: ...
 
 
 class NodeUnreachable:
@@ -155,7 +167,7 @@ class NodeUnreachable:
         observed_before | moved_on | raced."""
         repo = self.data
         for _ in range(APPLY_ROUNDS):
-            job = repo.get_job(job_id)
+            job = repo.jobs.get_job(job_id)
             if job is None or job.attempt != attempt:
                 return "moved_on"
             if job.state is JobState.FAILED and unreachable_decided(job, inst_id):
@@ -166,7 +178,7 @@ class NodeUnreachable:
             if job.state not in _DECIDED_FROM:
                 return "moved_on"
             why = _in_suspension(job, inst_id, reason=why)
-            raw = repo.get_instance_item(inst_id)
+            raw = repo.instances.get_instance_item(inst_id)
             now = clock.now()
             evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw,
                                                  trigger=Trigger.NODE_LOST, fault_at=lost_since, job=job)
@@ -178,7 +190,7 @@ class NodeUnreachable:
             history = history_from_item((raw or {}).get("fault_history"))
             plan = unreachable_plan(evidence, self.policy, history, now, why)
             observed = not self.policy.modes.executes(Effect.STOP_TASKS)
-            instance = repo.instance_from_item(raw) if raw else None
+            instance = repo.instances.instance_from_item(raw) if raw else None
             tripped, gate, breaker_update, decision = None, None, None, None
             after = instance or Instance(inst_id)
             if instance is not None and instance.state in _UNREACHABLE_FROM and not observed:
@@ -232,7 +244,7 @@ class NodeUnreachable:
         repo = self.data
         plan = agent_disconnected_plan(evidence, self.policy, now, why)
         observed = not self.policy.modes.executes(Effect.STOP_TASKS)
-        instance = repo.instance_from_item(raw) if raw else Instance(inst_id)
+        instance = repo.instances.instance_from_item(raw) if raw else Instance(inst_id)
         flagged = raw is not None and instance.state is InstanceState.AVAILABLE
         after = replace(instance, state=InstanceState.SUSPECT) if flagged else instance
         reason = self._reason(why, plan)
@@ -262,12 +274,12 @@ class NodeUnreachable:
             "record_only": [e.value for e in plan.record_only]})
         self.notices.send(notices)
         self.metrics.add_metric("Failures", "Count", 1)
-        ended(self.metrics, self.data, failed.job_id, True)
+        ended(self.metrics, self.data.jobs, failed.job_id, True)
         after_commit("node unreachable", self._after, gate, decided, after, plan, failed, lost, reason)
 
     def _record_observed(self, inst_id: str, job_id: str, history: list[dict[str, Any]] | None,
                          evidence: Evidence, plan: RemediationPlan, now: float) -> None:
-        self.data.record_observed_fault(
+        self.data.instances.record_observed_fault(
             inst_id, fault_history=history,
             last_fault={"at": now, "evidence": evidence.to_dict(), "plan": plan.to_dict(), "jobs": [job_id]})
 
@@ -278,8 +290,8 @@ class NodeUnreachable:
         inst_id = after.container_inst_id
         self.remediation.after_cordon(gate, inst_id)
         if decided:
-            self.remediation.carry_out(repo.get_instance(inst_id) or after, plan)
-        self._stop_all(repo.get_job(failed.job_id) or failed, lost, reason, reissue=False)
+            self.remediation.carry_out(repo.instances.get_instance(inst_id) or after, plan)
+        self._stop_all(repo.jobs.get_job(failed.job_id) or failed, lost, reason, reissue=False)
 
     @staticmethod
     def _reason(why: str, plan: RemediationPlan) -> str:
