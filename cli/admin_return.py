@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.constants import (
     DEFAULT_INSTANCE_TABLE_NAME,
     ENV_CLUSTER_NAME,
@@ -258,11 +259,8 @@ def _put_cordon(ecs: Any, cluster: str, target: str, cordon: Mapping[str, Any] |
     put, _ = placement.attributes_wanted(cordon, None)
     if not cordon or not put:
         return
-    attributes = [{"name": name, **({"value": value} if value else {}), "targetId": target,
-                   **({} if target.startswith("arn:") else {"targetType": "container-instance"})}
-                  for name, value in put.items()]
     try:
-        ecs.put_attributes(cluster=cluster, attributes=attributes)
+        EcsAdapter(ecs, cluster).put_attributes(target, put)  # the request as the sweep's sync makes it
     except Exception as error:
         print(f"warning: putting the node's {placement.UNAVAILABLE_ATTRIBUTE} attribute failed ({error}): "
               "the recovery sweep puts it within a minute", file=sys.stderr)
