@@ -405,7 +405,7 @@ class DynamoCore:
         expression = p.get("UpdateExpression")
         names = dict(p.get("ExpressionAttributeNames") or {})
         tree = _update_tree(expression) if expression else None
-        changed = _attribute_names(tree, names) if tree is not None else set()
+        changed = _attribute_names(tree, names, str(expression)) if tree is not None else set()
         touched = changed if old is not None else None  # a new item: all of it
         if old is not None:
             attrs = dict(old.item.attrs)

@@ -10,7 +10,12 @@ from typing import Any
 from moto.dynamodb.comparisons import AttributeValue, ConditionExpressionParser
 from moto.dynamodb.exceptions import DynamodbException
 from moto.dynamodb.models.dynamo_type import Item
-from moto.dynamodb.parsing.ast_nodes import ExpressionAttribute, ExpressionAttributeName, Node
+from moto.dynamodb.parsing.ast_nodes import (
+    DepthFirstTraverser,
+    ExpressionAttribute,
+    ExpressionAttributeName,
+    Node,
+)
 from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.parsing.validators import (
     ActionCountValidator,
@@ -101,9 +106,17 @@ def _update_tree(expression: str) -> Any:
     return _clone_tree(tree)
 
 
-def _attribute_names(tree: Any, names: Mapping[str, str]) -> set[str]:
+def _attribute_names(tree: Any, names: Mapping[str, str], expression: str | None = None) -> set[str]:
     """Every attribute name an update expression mentions (a superset of the top-level
-    attributes it reads or writes: those are copied before it runs, the others shared)."""
+    attributes it reads or writes: those are copied before it runs, the others shared).
+    ``tree`` is the expression's parse, before validation (``_update_tree``): the answer
+    depends only on the expression and its names, so with ``expression`` it is cached."""
+    key = (expression, tuple(sorted(names.items()))) if expression is not None else None
+    if key is not None:
+        with _cache_lock:
+            known = _names_of_update.get(key)
+        if known is not None:
+            return set(known)
     found: set[str] = set()
     stack = [tree]
     while stack:
@@ -113,9 +126,25 @@ def _attribute_names(tree: Any, names: Mapping[str, str]) -> set[str]:
         elif isinstance(node, ExpressionAttributeName):
             placeholder = node.get_attribute_name_placeholder()
             found.add(names.get(placeholder, placeholder))
-        elif isinstance(node, Node) and isinstance(node.children, list):
+        elif _is_node(node) and isinstance(node.children, list):
             stack.extend(node.children)
+    if key is not None:
+        with _cache_lock:
+            _names_of_update[key] = frozenset(found)
     return found
+
+
+_names_of_update: dict[tuple[str, tuple[tuple[str, str], ...]], frozenset[str]] = {}
+
+
+def _is_node(value: Any) -> bool:
+    """``isinstance(value, Node)`` (an ABC: its check was a tenth of an update's validation),
+    cached per type."""
+    kind = type(value)
+    is_node = _node_types.get(kind)
+    if is_node is None:
+        is_node = _node_types[kind] = isinstance(value, Node)
+    return is_node
 
 
 def _clone_tree(node: Any, parent: Any = None) -> Any:
@@ -125,7 +154,7 @@ def _clone_tree(node: Any, parent: Any = None) -> Any:
     clone.__dict__.update(node.__dict__)
     clone.parent = parent
     if isinstance(node.children, list):
-        clone.children = [_clone_tree(c, clone) if isinstance(c, Node) else c for c in node.children]
+        clone.children = [_clone_tree(c, clone) if _is_node(c) else c for c in node.children]
     return clone
 
 
@@ -160,7 +189,7 @@ class _Validator(UpdateExpressionValidator):
         for processor in self.processors:
             if passed and isinstance(processor, _STRUCTURE_CHECKS):
                 continue
-            node = _traverse(processor, processor._processing_map(), node)
+            node = _traverse(processor, processor._processing_map(), node, -1, _pre_processing(processor))
             if key is not None and not passed and processor is structural[-1]:
                 with _cache_lock:
                     _structure_passed.add(key)
@@ -171,9 +200,19 @@ _node_types: dict[type, bool] = {}
 _handled_by: dict[tuple[type, type], type | None] = {}
 
 
-def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: int = -1) -> Any:
+def _pre_processing(processor: Any) -> Any:
+    """The processor's ``pre_processing_of_child``, or None where it is the traverser's own,
+    which does nothing (all but one of the update validator's processors)."""
+    hook = type(processor).pre_processing_of_child
+    return None if hook is DepthFirstTraverser.pre_processing_of_child else processor.pre_processing_of_child
+
+
+def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: int = -1,
+              pre: Any = None) -> Any:
     """``DepthFirstTraverser.traverse_node_recursively`` with its ``isinstance`` tests (on
-    ABCs, the validation's main cost) cached per node type; the same visits in the same order."""
+    ABCs, the validation's main cost) cached per node type, and ``pre`` (the processor's
+    ``pre_processing_of_child``, :func:`_pre_processing`) called only where it does something;
+    the same visits in the same order."""
     kind = type(node)
     is_node = _node_types.get(kind)
     if is_node is None:
@@ -183,8 +222,9 @@ def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: 
     parent = node.parent
     if node.children is not None:
         for i, child in enumerate(node.children):
-            processor.pre_processing_of_child(node, i)
-            _traverse(processor, processing, child, i)
+            if pre is not None:
+                pre(node, i)
+            _traverse(processor, processing, child, i, pre)
     handler_key = (type(processor), kind)
     if handler_key in _handled_by:
         handled = _handled_by[handler_key]
