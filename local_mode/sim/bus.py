@@ -113,11 +113,24 @@ class Rule:
     def arn(self) -> str:
         return f"arn:aws:events:{ev.REGION}:{ev.ACCOUNT_ID}:rule/{self.name}"
 
-    def matches(self, event: dict[str, Any], *, crushed: dict[str, Any] | None = None) -> bool:
-        """``crushed``: :func:`crush_object_arrays` of ``event``, when the caller has it."""
+    def matches(self, event: dict[str, Any], *, crushed: dict[str, Any] | None = None,
+                flat: dict[str, Any] | None = None) -> bool:
+        """``crushed``: :func:`crush_object_arrays` of ``event``; ``flat``: its
+        :func:`flattened` form (when the caller has them: one event, every rule)."""
         if self._matcher is None:
             self._matcher = EventPattern.load(json.dumps(self.pattern))
-        return bool(self._matcher.matches_event(crush_object_arrays(event) if crushed is None else crushed))
+        matcher = self._matcher
+        if flat is None:
+            return bool(matcher.matches_event(crush_object_arrays(event) if crushed is None else crushed))
+        # moto's matches_event, past its per-call round trip and flattening of the event
+        return not matcher._pattern or bool(matcher._does_event_match(flat, matcher._pattern))
+
+
+def flattened(crushed: dict[str, Any]) -> dict[str, Any]:
+    """What moto's ``EventPattern.matches_event`` matches a pattern against: the (crushed)
+    event through a JSON round trip, flattened to dotted keys. The same for every rule, so
+    :meth:`EventBus.matching_rules` makes it once per event (it was most of the matching)."""
+    return EventPattern._flatten_dict(json.loads(json.dumps(crushed)))
 
 
 def crush_object_arrays(node: Any) -> Any:
@@ -368,7 +381,8 @@ class EventBus:
         with self._lock:
             rules = list(self.rules)
         crushed = crush_object_arrays(event)
-        return [r for r in rules if r.matches(event, crushed=crushed)]
+        flat = flattened(crushed)
+        return [r for r in rules if r.matches(event, crushed=crushed, flat=flat)]
 
     def put_events(self, event: dict[str, Any]) -> list[Delivery]:
         """Deliver ``event`` to every matching rule's target, ``copies`` times; the in-process

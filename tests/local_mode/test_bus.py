@@ -14,9 +14,10 @@ import pytest
 
 from local_mode.events import scheduled_event
 from local_mode.scale_recovery import ScaleWorld
-from local_mode.sim.bus import async_retry_delay, failed_message_ids
+from local_mode.sim.bus import async_retry_delay, crush_object_arrays, failed_message_ids, flattened
 from local_mode.sim.deployment import RECOVERY_RETRIES, SCHEDULED_RETRIES, AsyncRetries
 from local_mode.world import build_world
+from tests.fixtures.events import EVENTS_DIR
 
 
 # ================================================================== the shared semantics
@@ -50,6 +51,34 @@ def test_a_partial_batch_response_fails_the_items_it_names_or_all_of_them() -> N
 
 
 # ================================================================== in process (the moto world)
+def test_every_rule_matches_an_event_flattened_once_exactly_as_moto_s_own_matching_does() -> None:
+    """The bus flattens an event once for all its rules (``flattened``) instead of once per
+    rule inside moto's ``matches_event``: every deployed rule's verdict on every EventBridge
+    fixture (in the world's cluster, and in another) is the one moto's own matching gives."""
+    with build_world() as world:
+        cluster = world.aws.cluster_arn
+        events = []
+        for path in sorted(EVENTS_DIR.glob("*.json")):
+            event = json.loads(path.read_text())
+            if "detail-type" not in event:
+                continue  # API Gateway's, not EventBridge's
+            events.append(event)
+            text = json.dumps(event)
+            for other in ("arn:aws:ecs:us-east-1:111122223333:cluster/gpu-cluster",
+                          "arn:aws:ecs:us-east-1:111122223333:cluster/default"):
+                text = text.replace(other, cluster)
+            events.append(json.loads(text))
+        matched = 0
+        for event in events:
+            crushed = crush_object_arrays(event)
+            flat = flattened(crushed)
+            for rule in world.bus.rules:
+                expected = rule.matches(event)  # moto's matches_event, as before
+                assert rule.matches(event, crushed=crushed, flat=flat) == expected, (rule.name, event)
+                matched += expected
+        assert matched >= 3  # the comparison covers rules that match, not only ones that do not
+
+
 def test_in_process_a_queue_delivers_batches_redelivers_failed_items_and_dead_letters_them() -> None:
     """Given the moto world's bus with a queue (batch size 2, visibility 30 s, 3 receives)
     whose worker fails one message every time
