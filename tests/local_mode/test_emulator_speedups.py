@@ -1,0 +1,89 @@
+"""The emulator's CPU-only speedups change nothing but the CPU (local_mode/moto_patches.py)."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+from boto3.dynamodb.conditions import Attr, Key
+from boto3.dynamodb.transform import ParameterTransformer, TransformationInjector
+from boto3.dynamodb.types import Binary
+
+from local_mode.moto_patches import install_emulator_speedups, shapes_below
+
+ITEM = {"pk": "job#1", "sk": Decimal(3), "flag": True, "none": None, "blob": Binary(b"\x00\x01"),
+        "tags": {"a", "b"}, "nums": {Decimal(1), Decimal(2)},
+        "nested": {"list": [1, "two", {"deep": [Decimal("1.5"), {"x": {"y": "z"}}]}], "empty": {}}}
+
+#: (operation, parameters as a boto3 Table or resource call passes them)
+CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("PutItem", {"TableName": "t", "Item": ITEM, "ConditionExpression": Attr("pk").not_exists()}),
+    ("PutItem", {"TableName": "t", "Item": ITEM, "ConditionExpression": "attribute_not_exists(pk)"}),
+    ("GetItem", {"TableName": "t", "Key": {"pk": "job#1", "sk": 3}, "ConsistentRead": True}),
+    ("UpdateItem", {"TableName": "t", "Key": {"pk": "job#1"}, "UpdateExpression": "SET #a = :v, n = n + :one",
+                    "ExpressionAttributeNames": {"#a": "nested"}, "ReturnValues": "ALL_NEW",
+                    "ExpressionAttributeValues": {":v": ITEM["nested"], ":one": 1},
+                    "ConditionExpression": Attr("state").eq("RUNNING") & Attr("n").lt(Decimal(5))}),
+    ("DeleteItem", {"TableName": "t", "Key": {"pk": "job#1"},
+                    "ConditionExpression": Attr("tags").contains("a") | Attr("none").attribute_type("NULL")}),
+    ("Query", {"TableName": "t", "IndexName": "by_due",
+               "KeyConditionExpression": Key("shard").eq(4) & Key("due").lte(Decimal(99)),
+               "FilterExpression": Attr("nested.list").size().gt(1),
+               "ExclusiveStartKey": {"pk": "a", "due": 1}}),
+    ("Scan", {"TableName": "t", "FilterExpression": Attr("blob").exists(), "Limit": 5}),
+    ("BatchGetItem", {"RequestItems": {"t": {"Keys": [{"pk": "a"}, {"pk": "b", "sk": 2}],
+                                             "ProjectionExpression": "pk, #s",
+                                             "ExpressionAttributeNames": {"#s": "sk"}}}}),
+    ("BatchWriteItem", {"RequestItems": {"t": [{"PutRequest": {"Item": ITEM}},
+                                               {"DeleteRequest": {"Key": {"pk": "b"}}}]}}),
+    ("TransactWriteItems", {"TransactItems": [
+        {"Put": {"TableName": "t", "Item": ITEM, "ConditionExpression": Attr("pk").not_exists()}},
+        {"Update": {"TableName": "t", "Key": {"pk": "c"}, "UpdateExpression": "SET v = :v",
+                    "ExpressionAttributeValues": {":v": [ITEM["nested"]]},
+                    "ConditionExpression": Attr("v").ne(Decimal(0))}},
+        {"ConditionCheck": {"TableName": "t", "Key": {"pk": "d"}, "ConditionExpression": Attr("x").exists()}},
+        {"Delete": {"TableName": "t", "Key": {"pk": "e"}}}]}),
+    ("TransactGetItems", {"TransactItems": [{"Get": {"TableName": "t", "Key": {"pk": "a"}}}]}),
+]
+
+
+class _Unpruned(ParameterTransformer):
+    """boto3's own walk, every member entered (what the speedup replaces)."""
+
+
+def _transformed(params: dict[str, Any], model: Any, transformer: ParameterTransformer) -> dict[str, Any]:
+    """``params`` through boto3's resource input chain (conditions, then values) with
+    ``transformer``'s walks."""
+    injector = TransformationInjector(transformer=transformer)
+    params = copy.deepcopy(params)
+    injector.inject_condition_expressions(params, model)
+    injector.inject_attribute_value_input(params, model)
+    return params
+
+
+@pytest.mark.parametrize(("operation", "params"), CALLS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(CALLS)])
+def test_the_pruned_parameter_walk_rewrites_exactly_what_boto3_s_full_walk_does(
+        operation: str, params: dict[str, Any]) -> None:
+    install_emulator_speedups()
+    _Unpruned._transform_parameters = ParameterTransformer._transform_parameters.__wrapped__  # type: ignore[attr-defined]
+    model = boto3.session.Session(region_name="us-east-1").client("dynamodb").meta.service_model \
+        .operation_model(operation)
+    pruned = _transformed(params, model, ParameterTransformer())
+    full = _transformed(params, model, _Unpruned())
+    assert pruned == full
+    assert pruned != params  # something was rewritten: the comparison is not vacuous
+
+
+def test_the_walk_skips_an_item_s_values_where_no_condition_can_be() -> None:
+    """What the pruning saves: an item's AttributeValue tree holds no condition shape, so the
+    condition walk does not enter it; the operations' inputs do hold both targets."""
+    service = boto3.session.Session(region_name="us-east-1").client("dynamodb").meta.service_model
+    update = service.operation_model("UpdateItem").input_shape
+    assert {"AttributeValue", "ConditionExpression"} <= shapes_below(update)
+    attribute_value = update.members["Key"].value
+    assert attribute_value.name == "AttributeValue"
+    assert "ConditionExpression" not in shapes_below(attribute_value)
+    assert "AttributeValue" in shapes_below(attribute_value)  # recursive: M and L hold AttributeValues
