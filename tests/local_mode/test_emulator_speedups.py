@@ -8,11 +8,12 @@ from typing import Any
 
 import boto3
 import pytest
+from boto3.dynamodb import transform
 from boto3.dynamodb.conditions import Attr, Key
 from boto3.dynamodb.transform import ParameterTransformer, TransformationInjector
 from boto3.dynamodb.types import Binary
 
-from local_mode.moto_patches import install_emulator_speedups, shapes_below
+from local_mode.moto_patches import copied_params, install_emulator_speedups, shapes_below
 
 ITEM = {"pk": "job#1", "sk": Decimal(3), "flag": True, "none": None, "blob": Binary(b"\x00\x01"),
         "tags": {"a", "b"}, "nums": {Decimal(1), Decimal(2)},
@@ -87,3 +88,34 @@ def test_the_walk_skips_an_item_s_values_where_no_condition_can_be() -> None:
     assert attribute_value.name == "AttributeValue"
     assert "ConditionExpression" not in shapes_below(attribute_value)
     assert "AttributeValue" in shapes_below(attribute_value)  # recursive: M and L hold AttributeValues
+
+
+@pytest.mark.parametrize(("operation", "params"), CALLS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(CALLS)])
+def test_the_direct_parameter_copy_is_boto3_s_deep_copy(operation: str, params: dict[str, Any]) -> None:
+    install_emulator_speedups()
+    assert transform.copy_dynamodb_params is not transform.copy_dynamodb_params.__wrapped__  # installed
+    boto3_copy = transform.copy_dynamodb_params.__wrapped__(params)
+    direct = transform.copy_dynamodb_params(params)
+    assert direct == boto3_copy == params
+    # As deep: no dict, list or set is shared with the caller's parameters.
+    assert not _containers(direct) & _containers(params)
+
+
+def test_the_direct_copy_keeps_what_deepcopy_keeps_and_copies_the_rest() -> None:
+    condition = Attr("a").eq(1)
+    value = {"k": [ITEM, condition, ("t", 1), Decimal("1.5")]}
+    copied = copied_params(value)
+    assert copied["k"][3] is value["k"][3]  # Decimal: deepcopy keeps it too
+    assert copied["k"][1] is not condition and copied["k"][1] == condition  # through deepcopy
+    assert copied["k"][0]["tags"] == ITEM["tags"] and copied["k"][0]["tags"] is not ITEM["tags"]
+
+
+def _containers(value: Any) -> set[int]:
+    found: set[int] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict | list | set):
+            found.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return found
