@@ -14,6 +14,7 @@ from boto3.dynamodb.transform import ParameterTransformer, TransformationInjecto
 from boto3.dynamodb.types import Binary
 
 from local_mode.moto_patches import copied_params, install_emulator_speedups, shapes_below
+from local_mode.world import build_world
 
 ITEM = {"pk": "job#1", "sk": Decimal(3), "flag": True, "none": None, "blob": Binary(b"\x00\x01"),
         "tags": {"a", "b"}, "nums": {Decimal(1), Decimal(2)},
@@ -119,3 +120,37 @@ def _containers(value: Any) -> set[int]:
             found.add(id(node))
             stack.extend(node.values() if isinstance(node, dict) else node)
     return found
+
+
+def test_the_grants_guard_reads_task_definitions_and_tags_as_moto_s_api_answers_them() -> None:
+    """The moto world's guard reads a task definition's ARN and roles and an instance's tags
+    from moto's backends directly (local_mode/sim/contract/worlds.py): the same as the
+    emulated DescribeTaskDefinition and DescribeTags answer."""
+    with build_world(handlers=False) as world:
+        assert world.aws.grants is not None
+        facts: Any = world.aws.grants.facts
+        ecs, ec2 = world.aws.client("ecs"), world.aws.client("ec2")
+        role = f"arn:aws:iam::{world.aws.account_id}:role/train"
+        container = [{"name": "c", "image": "i", "memory": 128}]
+        arn = ecs.register_task_definition(family="roles", taskRoleArn=role, executionRoleArn=f"{role}-exec",
+                                           containerDefinitions=container)["taskDefinition"]["taskDefinitionArn"]
+        ecs.register_task_definition(family="roles", containerDefinitions=container)  # revision 2: no roles
+        for reference in ("roles", "roles:1", "roles:2", arn, "missing", "missing:3", f"{arn[:-2]}:9"):
+            try:
+                answered = ecs.describe_task_definition(taskDefinition=reference)["taskDefinition"]
+            except Exception:
+                answered = {"taskDefinitionArn": reference}
+            wanted = {k: answered[k] for k in ("taskDefinitionArn", "taskRoleArn", "executionRoleArn")
+                      if answered.get(k)}
+            assert facts._definition(reference) == wanted, reference
+        assert facts.task_definition_roles(arn) == [role, f"{role}-exec"]
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        instance = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+        ec2.create_tags(Resources=[instance], Tags=[{"Key": "gpu-recovery", "Value": "yes"},
+                                                    {"Key": "b", "Value": ""}])
+        bare = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+        instance_arn = f"arn:aws:ec2:{world.aws.region}:{world.aws.account_id}:instance/{{}}".format
+        for resource in (instance, bare, "i-0000000000000000f"):
+            tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [resource]}])["Tags"]
+            assert facts.resource_tags(instance_arn(resource)) == {t["Key"]: t["Value"] for t in tags}
+        assert facts.resource_tags(instance_arn(instance)) == {"gpu-recovery": "yes", "b": ""}
