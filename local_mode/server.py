@@ -106,6 +106,16 @@ def route_defined(method: str, path: str) -> bool:
                for m, t in NODE_API_ROUTES + CONTROL_API_ROUTES + JOBS_API_ROUTES)
 
 
+# A route kind behind an authorizer: (its authorizer's module, its API's) in ``handlers``.
+AUTHORIZED = {"node": ("node_authorizer", "node_api"),
+              "control": ("job_control_authorizer", "job_control_api")}
+
+
+def _function_name(module: str) -> str:
+    """The function's name in the logs: its module's, hyphenated (``node-api``)."""
+    return module.replace("_", "-")
+
+
 class LocalApi:
     """The routing and event building, without sockets (tests call :meth:`handle`)."""
 
@@ -113,35 +123,19 @@ class LocalApi:
                  authorizer: Handler | None = None, jobs_module: str = "handlers.jobs_api",
                  control_handler: Handler | None = None, control_authorizer: Handler | None = None) -> None:
         self.stage = stage
-        self._node_handler = node_handler
-        self._authorizer = authorizer
+        # The handlers given, by module name; the others are imported on their first request.
+        given = {"node_api": node_handler, "node_authorizer": authorizer,
+                 "job_control_api": control_handler, "job_control_authorizer": control_authorizer}
+        self._handlers: dict[str, Handler] = {m: h for m, h in given.items() if h is not None}
         self._jobs_module = jobs_module
-        self._control_handler = control_handler
-        self._control_authorizer = control_authorizer
         # Powertools resolvers keep the current event on a module-level app: one at a time.
         self._lock = threading.Lock()
 
     # --------------------------------------------------------------- handlers
-    def node_handler(self) -> Handler:
-        if self._node_handler is None:
-            self._node_handler = importlib.import_module("handlers.node_api").lambda_handler
-        return self._node_handler
-
-    def authorizer(self) -> Handler:
-        if self._authorizer is None:
-            self._authorizer = importlib.import_module("handlers.node_authorizer").lambda_handler
-        return self._authorizer
-
-    def control_handler(self) -> Handler:
-        if self._control_handler is None:
-            self._control_handler = importlib.import_module("handlers.job_control_api").lambda_handler
-        return self._control_handler
-
-    def control_authorizer(self) -> Handler:
-        if self._control_authorizer is None:
-            self._control_authorizer = importlib.import_module(
-                "handlers.job_control_authorizer").lambda_handler
-        return self._control_authorizer
+    def _handler(self, name: str) -> Handler:
+        if name not in self._handlers:
+            self._handlers[name] = importlib.import_module(f"handlers.{name}").lambda_handler
+        return self._handlers[name]
 
     def jobs_handler(self) -> Handler | None:
         try:
@@ -183,16 +177,13 @@ class LocalApi:
         path = self._strip_stage(path, self.stage)
         event = self._event(method, path, resource, path_params, headers, body, query, source_ip)
         with self._lock:
-            if kind == "node":
-                denied = self._authorize(event, headers, self.authorizer(), "node-authorizer")
+            if kind in AUTHORIZED:
+                authorizer, api = AUTHORIZED[kind]
+                denied = self._authorize(event, headers, self._handler(authorizer),
+                                         _function_name(authorizer))
                 if denied is not None:
                     return denied
-                return self._invoke(self.node_handler(), event, "node-api")
-            if kind == "control":
-                denied = self._authorize(event, headers, self.control_authorizer(), "job-control-authorizer")
-                if denied is not None:
-                    return denied
-                return self._invoke(self.control_handler(), event, "job-control-api")
+                return self._invoke(self._handler(api), event, _function_name(api))
             handler = self.jobs_handler()
             if handler is None:
                 return _json(404, {"message": "jobs API not available (handlers.jobs_api is missing)"})

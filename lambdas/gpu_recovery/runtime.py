@@ -336,12 +336,6 @@ def control_secrets() -> ControlSecrets:
     return built[2]  # type: ignore[no-any-return]
 
 
-def forget(name: str) -> None:
-    """Forget one built service (the next call builds it again)."""
-    with _lock:
-        _services.pop(name, None)
-
-
 def reset(*, clients: bool = True) -> None:
     """Forget built services; with ``clients`` also the boto3 session and clients.
 

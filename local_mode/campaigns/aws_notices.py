@@ -35,8 +35,9 @@ from gpu_recovery import constants as C
 
 from ..sim import aws_notices as notices
 from ..world import World
+from .moved_jobs import moved_once, one_move, saved_once, unplaced_launch
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow, unfinished
-from .time_sharing import Rank0ControlPoller
+from .time_sharing import Rank0ControlPoller, polled_queue_job
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
 RUN_LIMIT_SECONDS = 40 * MIN
@@ -76,9 +77,7 @@ def expectations(result: RunResult) -> list[str]:
     problems = unfinished(job)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append("the move spent a recovery (it must not: the job never crashed)")
-    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
-        and result.fired.operation == "StartTask"
-    if int(job.get("attempt") or 0) not in ((2, 3) if unplaced else (2,)):
+    if int(job.get("attempt") or 0) not in ((2, 3) if unplaced_launch(result) else (2,)):
         problems.append(f"job at attempt {job.get('attempt')} (want 2)")
     if any(count > 2 for count in result.tasks_started):
         problems.append(f"training tasks started per attempt {result.tasks_started} (want 2 at most)")
@@ -88,14 +87,9 @@ def expectations(result: RunResult) -> list[str]:
         never = ("failed", "application_error", "quarantined")
         return problems + _node_expectations(result) + mail_problems(
             result.mails, {**{(kind, job_id): (0, 0) for kind in never}, ("capacity_notice", job_id): (1, 2)})
-    if int(job.get("suspend_count") or 0) != 1 or int(job.get("resume_count") or 0) != 1:
-        problems.append(f"job suspended {job.get('suspend_count')} / resumed {job.get('resume_count')} "
-                        "time(s) (want 1 / 1)")
-    moves = [m.get("outcome") for m in job.get("moves") or []]
-    if moves != ["moved"]:
-        problems.append(f"moves {moves} (want ['moved']: at its checkpoint, not stopped at the deadline)")
-    if result.checkpoints != 1:
-        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    problems += moved_once(job)
+    problems += one_move(job)
+    problems += saved_once(result.checkpoints)
     problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
                                                 ("failed", "application_error", "quarantined", "recovered")},
                                              ("capacity_notice", job_id): (1, 2)})
@@ -152,13 +146,7 @@ class AwsNotice(Scenario[RunResult]):
                           extra_tags={C.TAG_RELOCATABLE: "true"})
             sim.run_for(2 * MIN + 5)
         else:
-            self.job_id = world.submit_queue_job({
-                "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},
-                "alice")
-            sim.run_for(MIN + 5)
-            self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
-            self.program.start()
-            sim.run_for(MIN)
+            self.job_id, self.program = polled_queue_job(world, task_definition)
         rank1 = world.repo.jobs.get_rank(self.job_id, 1)
         assert rank1 is not None
         self.target = world.node_name(rank1.container_inst_id)

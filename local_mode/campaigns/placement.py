@@ -37,7 +37,7 @@ from gpu_recovery.domain.models import Job
 
 from ..sim.eager_scheduler import STARTED_BY, EagerScheduler
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, mail_problems, run_flow
 
 FLOWS = ("full_cluster", "placement_race")
 JOB_ID, OTHER_JOB = "placed", "victim"
@@ -116,9 +116,7 @@ class PlacementScenario(Scenario[PlacementResult]):
     run_limit_seconds = RUN_LIMIT_SECONDS
 
     def __init__(self, flow: str) -> None:
-        if flow not in FLOWS:
-            raise ValueError(f"flow is one of {FLOWS}")
-        self.flow = flow
+        self.flow = known_flow(flow, FLOWS)
         self.eager: EagerScheduler | None = None
         self.fault_at = 0.0
         self.other_task = ""

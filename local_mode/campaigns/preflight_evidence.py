@@ -38,7 +38,7 @@ from ..preflight_programs import PreflightPrograms
 from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, known_flow, mail_problems, run_flow, unfinished
 
 FLOWS = ("preflight_forged_baseline", "preflight_forged_loopback", "preflight_broken_image")
 RUN_SECONDS = 4 * MIN
@@ -175,9 +175,7 @@ class TenantPreflight(Scenario[EvidenceResult]):
     run_limit_seconds = RUN_LIMIT_SECONDS
 
     def __init__(self, flow: str) -> None:
-        if flow not in FLOWS:
-            raise ValueError(f"flow is one of {FLOWS}")
-        self.flow = flow
+        self.flow = known_flow(flow, FLOWS)
         self.jobs: dict[str, str] = {}  # name -> job id
         self.nodes: list[str] = []
         self.lied_on: set[str] = set()

@@ -81,7 +81,7 @@ from gpu_recovery.repository import Repository
 from ..sim.ecs import SimulatedEcs
 from ..world import World
 from . import goodput_truth
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, mail_problems, run_flow
 
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
@@ -273,9 +273,7 @@ class RecoveryScenario(Scenario[RunResult]):
     run_limit_seconds = RUN_LIMIT_SECONDS
 
     def __init__(self, flow: str) -> None:
-        if flow not in FLOWS:
-            raise ValueError(f"flow is one of {FLOWS}")
-        self.flow = flow
+        self.flow = known_flow(flow, FLOWS)
         self.facts: dict[str, Any] = {}
         self._on_minute: Callable[[Job | None], None] | None = None
 

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -102,6 +102,13 @@ class CampaignResult:
 
 
 R = TypeVar("R", bound=CampaignResult)
+
+
+def known_flow(flow: str, flows: Collection[str]) -> str:
+    """``flow``, one of a campaign's ``flows`` (a ValueError otherwise)."""
+    if flow not in flows:
+        raise ValueError(f"flow is one of {flows}")
+    return flow
 
 
 class Scenario(ABC, Generic[R]):

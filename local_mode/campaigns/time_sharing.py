@@ -32,6 +32,7 @@ from gpu_recovery.repository.time_sharing import QuotaRepository
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
+from .moved_jobs import moved_once, saved_once, unplaced_launch
 from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow, unfinished
 
 NODES = ("node-a", "node-b")
@@ -63,14 +64,11 @@ def expectations(result: RunResult) -> list[str]:
         problems += unfinished(job, f"{name} job")
         if int(job.get("recoveries_used") or 0):
             problems.append(f"{name} job spent {job.get('recoveries_used')} recoveries")
-    if int(low.get("suspend_count") or 0) != 1 or int(low.get("resume_count") or 0) != 1:
-        problems.append(f"low job suspended {low.get('suspend_count')} / resumed {low.get('resume_count')} "
-                        "time(s) (want 1 / 1)")
+    problems += moved_once(low, "low job")
     problems += launch_problems(result, high, result.tasks_started)
     if result.usage != {"alice": 0, "bob": 0}:
         problems.append(f"quota usage left {result.usage} (want 0)")
-    if result.checkpoints != 1:
-        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    problems += saved_once(result.checkpoints)
     if result.left_running:
         problems.append(f"tasks of an earlier attempt not stopped by the stack: {result.left_running}")
     # A preemption fails nobody: no job-failure e-mail may be sent.
@@ -83,11 +81,9 @@ def expectations(result: RunResult) -> list[str]:
 def launch_problems(result: CampaignResult, high: dict[str, Any],
                     tasks_started: dict[str, list[int]]) -> list[str]:
     """Bob's job launched once (attempt 1) and every job's 2 training tasks started once per
-    attempt. A launch whose StartTask ECS answered with a failure (placed nothing, in its 200)
-    is aborted and launched again as the next attempt: one more attempt, the aborted one short."""
+    attempt (``unplaced_launch``: one attempt more, the aborted one short)."""
     problems = []
-    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
-        and result.fired.operation == "StartTask"
+    unplaced = unplaced_launch(result)
     if int(high.get("attempt") or 0) not in ((1, 2) if unplaced else (1,)):
         problems.append(f"high job at attempt {high.get('attempt')} (want 1)")
     for name, per_attempt in tasks_started.items():
@@ -139,6 +135,20 @@ class Rank0ControlPoller:
             self._accepted_attempt = attempt
         except Exception:  # the client retries at its next poll
             self.errors += 1
+
+
+def polled_queue_job(world: World, task_definition: str) -> tuple[str, Rank0ControlPoller]:
+    """Alice's 2-node queue job started (the scheduler's tick), its rank 0 polling the control
+    channel for a minute: the job's id and rank 0's program."""
+    sim = world.ecs
+    job_id = world.submit_queue_job({
+        "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},
+        "alice")
+    sim.run_for(MIN + 5)  # the scheduler's tick starts it
+    program = Rank0ControlPoller(sim, world.repo, job_id)
+    program.start()
+    sim.run_for(MIN)
+    return job_id, program
 
 
 class Preempting(Scenario[R]):

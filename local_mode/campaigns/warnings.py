@@ -27,8 +27,9 @@ from typing import Any
 from gpu_recovery import constants as C
 
 from ..world import World
+from .moved_jobs import moved_once, one_move, saved_once, unplaced_launch
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
-from .time_sharing import Rank0ControlPoller
+from .time_sharing import Rank0ControlPoller, polled_queue_job
 
 NODES = ("node-a", "node-b", "node-c")
 RUN_LIMIT_SECONDS = 40 * MIN
@@ -55,16 +56,9 @@ def expectations(result: RunResult) -> list[str]:
     problems = unfinished(job)
     if int(job.get("recoveries_used") or 0) or int(job.get("app_restarts_used") or 0):
         problems.append("the move spent a recovery (it must not: the job never crashed)")
-    if int(job.get("suspend_count") or 0) != 1 or int(job.get("resume_count") or 0) != 1:
-        problems.append(f"job suspended {job.get('suspend_count')} / resumed {job.get('resume_count')} "
-                        "time(s) (want 1 / 1)")
-    moves = [m.get("outcome") for m in job.get("moves") or []]
-    if moves != ["moved"]:
-        problems.append(f"moves {moves} (want ['moved'])")
-    # A launch whose StartTask ECS answered with a failure (placed nothing, in its 200) is
-    # aborted and launched again as the next attempt: one more attempt, the aborted one short.
-    unplaced = result.fired is not None and result.fault is not None and result.fault[1] == "ecs_failures" \
-        and result.fired.operation == "StartTask"
+    problems += moved_once(job)
+    problems += one_move(job)
+    unplaced = unplaced_launch(result)
     if int(job.get("attempt") or 0) not in ((2, 3) if unplaced else (2,)):
         problems.append(f"job at attempt {job.get('attempt')} (want 2)")
     whole = result.tasks_started[-1:] if unplaced else result.tasks_started
@@ -77,8 +71,7 @@ def expectations(result: RunResult) -> list[str]:
     if not back or node.get("cordon") or node.get("warning"):
         problems.append(f"{result.warned} not back in service: {node.get('instance_state')}, cordon "
                         f"{node.get('cordon')}, warning {node.get('warning')}")
-    if result.checkpoints != 1:
-        problems.append(f"rank 0 saved {result.checkpoints} checkpoint(s) (want 1)")
+    problems += saved_once(result.checkpoints)
     job_id = str(job.get("job_id"))
     problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
                                                 ("failed", "application_error", "quarantined", "recovered")},
@@ -103,13 +96,7 @@ class DriverWarning(Scenario[RunResult]):
         sim = world.ecs
         task_definition = world.queue_cluster(NODES)
         sim.plan_family("train", run_seconds=RUN_LIMIT_SECONDS, exit_code=0)  # far longer than the test
-        self.job_id = world.submit_queue_job({
-            "name": "alice-train", "task_definition": task_definition, "nnodes": 2, "gpus_per_node": 8},
-            "alice")
-        sim.run_for(MIN + 5)  # the scheduler's tick starts it
-        self.program = Rank0ControlPoller(sim, world.repo, self.job_id)
-        self.program.start()
-        sim.run_for(MIN)
+        self.job_id, self.program = polled_queue_job(world, task_definition)
         rank1 = world.repo.jobs.get_rank(self.job_id, 1)
         assert rank1 is not None
         self.warned = world.node_name(rank1.container_inst_id)

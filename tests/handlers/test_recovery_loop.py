@@ -15,6 +15,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery import runtime
 from gpu_recovery.constants import InstanceState, JobState, RankState
+from gpu_recovery.repository.jobs_and_ranks import TaskLookup
 from local_mode.sim.api_errors import INTERNAL, THROTTLING
 from local_mode.sim.lambda_context import LambdaContext
 from tests.handlers.cluster import Cluster, cluster_with, make_cluster
@@ -411,7 +412,8 @@ def test_untagged_tasks_are_ignored(cluster: Cluster) -> None:
     arn = cluster.local.client("ecs").start_task(
         cluster=cluster.local.cluster_name, taskDefinition=cluster.train_td,
         containerInstances=[cluster.sim.node("node-a").container_instance_arn])["tasks"][0]["taskArn"]
-    assert runtime.recovery_service().repo.registrations.find_rank_by_task(arn) is None
+    # Neither registered as a rank nor remembered as an unprotected one: nothing written.
+    assert runtime.recovery_service().repo.registrations.look_up_task(arn) == TaskLookup()
 
 
 @pytest.fixture
@@ -528,7 +530,6 @@ def _boot_time_brings_back(cluster: Cluster, runtime: Any) -> None:
     assert cluster.instance("node-b").state is InstanceState.REBOOTING
 
     node = cluster.sim.node("node-b")
-    runtime.forget("heartbeat")
     runtime.heartbeat_service().report_tasks(node.container_instance_id, cluster.sim.now(), [],
                                              boot_time=node.boot_time)
     assert cluster.instance("node-b").state is InstanceState.AVAILABLE
@@ -556,7 +557,6 @@ def _old_boot_time(cluster: Cluster, runtime: Any) -> None:
     booted = cluster.sim.node("node-b").boot_time
     cluster.sim.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable")
     cluster.sim.run_for(10 * MIN)
-    runtime.forget("heartbeat")
     runtime.heartbeat_service().report_tasks(cluster.sim.node("node-b").container_instance_id,
                                              cluster.sim.now(), [], boot_time=booted)
     assert cluster.instance("node-b").state is InstanceState.REBOOTING

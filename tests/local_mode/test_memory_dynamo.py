@@ -102,8 +102,8 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
             step(f"rank {r}", lambda r=r: repo.registrations.put_rank_registration(_rank(r)))
         step("rank 2 again", lambda: repo.registrations.put_rank_registration(_rank(2)))
         step("get_ranks", lambda: repo.jobs.get_ranks(job))
-        step("by task", lambda: repo.registrations.find_rank_by_task(_rank(3).task_arn))
-        step("by task, unknown", lambda: repo.registrations.find_rank_by_task("arn:unknown"))
+        step("by task", lambda: repo.registrations.look_up_task(_rank(3).task_arn))
+        step("by task, unknown", lambda: repo.registrations.look_up_task("arn:unknown"))
         step("live on n1", lambda: repo.jobs.live_ranks_on_instance("n1"))
         step("mark running (not STARTING)", lambda: repo.rank_events.mark_running(_rank(1)))
         # A fault: node n0's suspect item (idempotent), then the job enters recovery with rank

@@ -336,7 +336,7 @@ def _nothing_stopped(record: Record, mail: Mail, _m: re.Match[str]) -> str | Non
 
 def _not_registered(record: Record, mail: Mail, _m: re.Match[str]) -> str | None:
     job = record.world.repo.jobs.get_job(mail.job_id)
-    ranks = [t for t in record.tasks(mail.job_id) if record.world.repo.registrations.find_rank_by_task(t.arn)]
+    ranks = [t for t in record.tasks(mail.job_id) if record.world.repo.registrations.look_up_task(t.arn).rank]
     return f"registered: job {job is not None}, {len(ranks)} rank(s)" if job or ranks else None
 
 

@@ -70,7 +70,7 @@ from gpu_recovery.recovery.ports import (
     after_commit,
 )
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
-from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNode, ReadsNodeItems
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNode, ReadsNodeItems
 from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.settings import Settings
 
@@ -102,13 +102,8 @@ class NoticeNodes(ReadsNodeItems, ReadsNode, Protocol):
     def put_instance_if_absent(self, instance: Instance) -> bool: ...
 
 
-class NoticeData(Protocol):
+class NoticeData(HasJobs[NoticeJobs], HasInstances[NoticeNodes], Protocol):
     """The node and the jobs on it."""
-
-    @property
-    def jobs(self) -> NoticeJobs: ...
-    @property
-    def instances(self) -> NoticeNodes: ...
 
 
 class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):

@@ -33,7 +33,7 @@ from gpu_recovery.recovery.node_tasks import FOREIGN_TASK, HEALTH_CHECK, NodeTas
 from gpu_recovery.recovery.ports import Invocation, MetricsPort, Outcome, VerdictReaderPort
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, rebuild
-from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNodeItems
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNodeItems
 from gpu_recovery.repository.base import is_contention
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.health_checks import HealthCheckRepository
@@ -75,16 +75,11 @@ def _conflicted(error: ClientError) -> bool:
     code = error.response.get("Error", {}).get("Code", "")
     return code in ("TransactionCanceledException", "TransactionConflictException") and is_contention(error)
 
-class CheckVerdictData(Protocol):
+class CheckVerdictData(HasJobs[ReadsJob], HasInstances[ReadsNodeItems], Protocol):
     """What a verdict reads and writes: the node, the jobs waiting for it, their suspects'
     recorded evidence."""
 
     faults: FaultRepository
-
-    @property
-    def jobs(self) -> ReadsJob: ...
-    @property
-    def instances(self) -> ReadsNodeItems: ...
 
 
 class HealthCheckVerdicts:

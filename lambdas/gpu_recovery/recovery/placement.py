@@ -52,7 +52,7 @@ from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, 
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import ListsContainerInstances
 from gpu_recovery.recovery.restart_nodes import RestartNodes
-from gpu_recovery.recovery.stage_data import ReadsInstances
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances
 from gpu_recovery.repository.cordons import CordonRepository, Worklist
 from gpu_recovery.settings import Settings
 
@@ -63,16 +63,11 @@ _ROUNDS = 3  # nodes ECS and the records disagree on are left out, the plan made
 _RELOCATED = ("restarted", "restarting", "restarted_partly")
 
 
-class HoldData(Protocol):
+class HoldData(HasJobs[LiveRanksOnNodes], HasInstances[ReadsInstances], Protocol):
     """The holds (on the cordon worklist), the nodes' records, the ranks recorded on a node
     ECS shows free."""
 
     cordons: CordonRepository
-
-    @property
-    def jobs(self) -> LiveRanksOnNodes: ...
-    @property
-    def instances(self) -> ReadsInstances: ...
 
 
 @dataclass(eq=False, repr=False)

@@ -69,7 +69,13 @@ from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort, Outcome, RebootPort, ReplacePort, after_commit
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.recovery.reactions import AgentChanged, NodeBack, Reactions, RestartDue
-from gpu_recovery.recovery.stage_data import MarksNodesBack, ReadsNode, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import (
+    HasInstances,
+    HasJobs,
+    MarksNodesBack,
+    ReadsNode,
+    RecordsNodeDecisions,
+)
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.node_decisions import JobFailure
@@ -91,16 +97,12 @@ class RebootJobs(Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
-class RebootData(MarksNodesBack, RecordsNodeDecisions, Protocol):
+class RebootData(HasJobs[RebootJobs], HasInstances[ReadsNode],
+                 MarksNodesBack, RecordsNodeDecisions, Protocol):
     """The node back, the jobs waiting for it, a node that ran out of time, its deadline pushed."""
 
     deadlines: DeadlineIndex
     faults: FaultRepository
-
-    @property
-    def jobs(self) -> RebootJobs: ...
-    @property
-    def instances(self) -> ReadsNode: ...
 
 
 class DeletesMarks(Protocol):

@@ -27,7 +27,7 @@ from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_tar
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.ports import ListsContainerInstances
-from gpu_recovery.recovery.stage_data import ReadsInstances
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
@@ -63,23 +63,18 @@ class FreeFor:
     healthy: dict[str, SpareNode]
 
 
-class NodesHeldData(Protocol):
+class HeldJobReads(LiveRanksOnNodes, Protocol):
+    """A job holding nodes (its index item), the ranks recorded on a node ECS shows free."""
+
+    def job_from_item(self, item: dict[str, Any]) -> Job: ...
+
+
+class NodesHeldData(HasJobs[HeldJobReads], HasInstances[ReadsInstances], Protocol):
     """Where each job's ranks ran (the latches), its fault's moves, the holds, the nodes' records."""
 
     latches: LatchRepository
     faults: FaultRepository
     cordons: CordonRepository
-
-    @property
-    def jobs(self) -> HeldJobReads: ...
-    @property
-    def instances(self) -> ReadsInstances: ...
-
-
-class HeldJobReads(LiveRanksOnNodes, Protocol):
-    """A job holding nodes (its index item), the ranks recorded on a node ECS shows free."""
-
-    def job_from_item(self, item: dict[str, Any]) -> Job: ...
 
 
 @dataclass(eq=False, repr=False)

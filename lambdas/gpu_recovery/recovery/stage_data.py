@@ -6,13 +6,14 @@ one concern each. The other stages declare theirs in their own module.
 A stage that reads one aggregate is handed it (``repo.jobs``, ``repo.instances``: its
 protocol names that aggregate's few operations); a stage that needs both, or a sub-repository
 of the ``Repository`` besides, is handed the container, and its protocol names each
-aggregate's operations apart (``jobs``, ``instances``: read-only properties, so that the
-aggregate's own class satisfies the narrower protocol)."""
+aggregate's operations apart by extending ``HasJobs[J]`` and ``HasInstances[N]`` (``J``, ``N``: its
+narrow protocols of the two aggregates). A protocol that narrows an aggregate its base already
+names declares the property again (a generic base given twice would keep the first base's)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.states import JobState
@@ -26,6 +27,24 @@ from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.node_decisions import NodeDecisionRepository
 from gpu_recovery.repository.nodes_back import NodeBackRepository
 from gpu_recovery.repository.rank_events import RankEventRepository
+
+Jobs = TypeVar("Jobs", covariant=True)
+Nodes = TypeVar("Nodes", covariant=True)
+
+
+class HasJobs(Protocol[Jobs]):
+    """The jobs aggregate, as the narrower protocol ``Jobs`` that names the operations a stage
+    uses of it (read-only, so that the aggregate's own class satisfies it)."""
+
+    @property
+    def jobs(self) -> Jobs: ...
+
+
+class HasInstances(Protocol[Nodes]):
+    """The instances aggregate, as the narrower protocol ``Nodes`` (read-only: likewise)."""
+
+    @property
+    def instances(self) -> Nodes: ...
 
 
 class EndsJobs(Protocol):
@@ -103,17 +122,12 @@ class TaskEventNodes(ReadsNodeItems, RecordsObservedFaults, Protocol):
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
 
 
-class TaskEventData(Protocol):
+class TaskEventData(HasJobs[TaskEventJobs], HasInstances[TaskEventNodes], Protocol):
     """A rank's stop or start recorded, the fault it opens (or joins), the job's end."""
 
     faults: FaultRepository
     latches: LatchRepository
     rank_events: RankEventRepository  # the rank running or stopped, the fault or restart it opens
-
-    @property
-    def jobs(self) -> TaskEventJobs: ...
-    @property
-    def instances(self) -> TaskEventNodes: ...
 
 
 class RestartJobs(WaitData, EndsJobs, Protocol):
@@ -122,7 +136,7 @@ class RestartJobs(WaitData, EndsJobs, Protocol):
     def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
 
 
-class RestartData(Protocol):
+class RestartData(HasJobs[RestartJobs], HasInstances[ReadsInstances], Protocol):
     """What a restart reads (its job and ranks, the fault's tally and suspects, the nodes its
     ranks ran on) and its job's end; its own transitions are ``repo.restarts``'."""
 
@@ -130,8 +144,3 @@ class RestartData(Protocol):
     latches: LatchRepository
     cordons: CordonRepository
     deadlines: DeadlineIndex
-
-    @property
-    def jobs(self) -> RestartJobs: ...
-    @property
-    def instances(self) -> ReadsInstances: ...

@@ -52,7 +52,7 @@ from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
-from gpu_recovery.recovery.stage_data import ReadsInstances, ReadsJob, ReadsNode
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances, ReadsJob, ReadsNode
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
@@ -85,20 +85,6 @@ def any_due(deadline_items: Iterable[Mapping[str, Any]], now: float) -> bool:
     return any(float(item[DEADLINE_SK]) <= now for item in deadline_items)
 
 
-class SweepData(Protocol):
-    """The due items' pages (the deadline index), and what each kind's follow-up reads first."""
-
-    faults: FaultRepository
-    latches: LatchRepository
-    deadlines: DeadlineIndex  # what is due, and every job item carrying a deadline
-    slots: HealthCheckSlots
-
-    @property
-    def jobs(self) -> SweepJobs: ...
-    @property
-    def instances(self) -> SweepNodes: ...
-
-
 class SweepJobs(ReadsJob, Protocol):
     """A due job (read, or mapped from its index item) and its ranks."""
 
@@ -108,6 +94,15 @@ class SweepJobs(ReadsJob, Protocol):
 
 class SweepNodes(ReadsInstances, ReadsNode, Protocol):
     """A due node, and the nodes of a page of due items."""
+
+
+class SweepData(HasJobs[SweepJobs], HasInstances[SweepNodes], Protocol):
+    """The due items' pages (the deadline index), and what each kind's follow-up reads first."""
+
+    faults: FaultRepository
+    latches: LatchRepository
+    deadlines: DeadlineIndex  # what is due, and every job item carrying a deadline
+    slots: HealthCheckSlots
 
 
 @dataclass(eq=False, repr=False)

@@ -24,16 +24,11 @@ from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.recovery.notices import Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNodeItems
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNodeItems
 
 
-class CheckReads(Protocol):
+class CheckReads(HasJobs[ReadsJob], HasInstances[ReadsNodeItems], Protocol):
     """The node and the jobs waiting for its check, read again before each try."""
-
-    @property
-    def jobs(self) -> ReadsJob: ...
-    @property
-    def instances(self) -> ReadsNodeItems: ...
 
 
 def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: NodeRemediation,

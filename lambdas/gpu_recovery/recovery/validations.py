@@ -74,6 +74,8 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation, label_for, projected
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
 from gpu_recovery.recovery.stage_data import (
+    HasInstances,
+    HasJobs,
     MarksNodesBack,
     ReadsInstances,
     ReadsJob,
@@ -98,22 +100,18 @@ APPLY_ROUNDS = 3
 OUT_OF_TIME_REASON = f"{SYSTEM_STOP_REASON_PREFIX} validation timed out"
 
 
-class ValidationData(MarksNodesBack, RecordsNodeDecisions, Protocol):
-    """What the validation reads and writes besides its own records: the node and the jobs
-    waiting for it, and the decision a failed one leads to."""
-
-    faults: FaultRepository
-
-    @property
-    def jobs(self) -> ReadsJob: ...
-    @property
-    def instances(self) -> ValidationNodes: ...
-
-
 class ValidationNodes(ReadsNodeItems, ReadsInstances, Protocol):
     """The node validated, and the nodes of a validation's batch."""
 
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
+
+
+class ValidationData(HasJobs[ReadsJob], HasInstances[ValidationNodes],
+                     MarksNodesBack, RecordsNodeDecisions, Protocol):
+    """What the validation reads and writes besides its own records: the node and the jobs
+    waiting for it, and the decision a failed one leads to."""
+
+    faults: FaultRepository
 
 
 class ValidationEcs(StopsTasks, ListsContainerInstances, Protocol):

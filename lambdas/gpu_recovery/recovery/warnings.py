@@ -54,7 +54,7 @@ from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import describe_node_effects, details_of
-from gpu_recovery.recovery.stage_data import ReadsJob, ReadsNode, ReadsNodeItems
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNode, ReadsNodeItems
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.warnings import WarningRepository
 from gpu_recovery.settings import Settings
@@ -76,15 +76,10 @@ class WarningNodes(ReadsNodeItems, ReadsNode, Protocol):
     """The warned node."""
 
 
-class WarningData(Protocol):
+class WarningData(HasJobs[WarningJobs], HasInstances[WarningNodes], Protocol):
     """The warned node, the jobs on it and the holds it is kept out of placement by."""
 
     cordons: CordonRepository
-
-    @property
-    def jobs(self) -> WarningJobs: ...
-    @property
-    def instances(self) -> WarningNodes: ...
 
 
 @dataclass(eq=False, repr=False)

@@ -35,9 +35,6 @@ class RegistrationRepository:
         self.jobs = jobs
         self.db, self.job_table_name = jobs.db, jobs.job_table_name
 
-    def find_rank_by_task(self, task_arn: str) -> Rank | None:
-        return self.look_up_task(task_arn).rank
-
     def look_up_task(self, task_arn: str) -> TaskLookup:
         """The task's rank, or its negative record (one index query: both carry the task key)."""
         response = self.db.query_page(

@@ -44,7 +44,7 @@ from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
-from gpu_recovery.recovery.stage_data import EndsJobs, ReadsInstances
+from gpu_recovery.recovery.stage_data import EndsJobs, HasInstances, HasJobs, ReadsInstances
 from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.faults import FaultRepository
@@ -67,16 +67,11 @@ def _at(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class HoldData(Protocol):
+class HoldData(HasJobs[EndsJobs], HasInstances[ReadsInstances], Protocol):
     """The job (its failure, its next look), its nodes and suspects."""
 
     deadlines: DeadlineIndex
     faults: FaultRepository
-
-    @property
-    def jobs(self) -> EndsJobs: ...
-    @property
-    def instances(self) -> ReadsInstances: ...
 
 
 @dataclass(eq=False, repr=False)

@@ -43,7 +43,13 @@ from gpu_recovery.recovery.breaker.gate import NodeActionGate, held_back_lines
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.recovery.remediation.node_decision import FOLLOW_UP_SECONDS, NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsInstances, ReadsNode, ReadsNodeItems, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import (
+    HasInstances,
+    ReadsInstances,
+    ReadsNode,
+    ReadsNodeItems,
+    RecordsNodeDecisions,
+)
 from gpu_recovery.repository.breaker import BreakerRepository
 from gpu_recovery.repository.cordons import Worklist
 from gpu_recovery.repository.node_decisions import NodeDecision
@@ -60,11 +66,8 @@ class ReleaseNodes(ReadsInstances, ReadsNodeItems, ReadsNode, Protocol):
     """The nodes the breaker acted on (read in one batch: its auto-close) and held back."""
 
 
-class ReleaseData(RecordsNodeDecisions, Protocol):
+class ReleaseData(HasInstances[ReleaseNodes], RecordsNodeDecisions, Protocol):
     """The nodes the breaker acted on and held back, and a released action's decision."""
-
-    @property
-    def instances(self) -> ReleaseNodes: ...
 
 
 @dataclass(frozen=True)

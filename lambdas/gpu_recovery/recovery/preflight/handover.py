@@ -56,7 +56,7 @@ from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
-from gpu_recovery.recovery.stage_data import ReadsJob
+from gpu_recovery.recovery.stage_data import HasJobs, ReadsJob
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import PreflightRepository
@@ -65,7 +65,7 @@ from gpu_recovery.repository.rank_events import RankEventRepository
 logger = logging.getLogger(__name__)
 
 
-class HandoverData(Protocol):
+class HandoverData(HasJobs[ReadsJob], Protocol):
     """The job entering recovery, its pinned nodes' suspect items and latch arrivals, the
     preflight's conclusion handed over."""
 
@@ -73,9 +73,6 @@ class HandoverData(Protocol):
     latches: LatchRepository
     preflight: PreflightRepository
     rank_events: RankEventRepository  # the fault entered, as a rank's end enters it
-
-    @property
-    def jobs(self) -> ReadsJob: ...
 
 
 @dataclass(eq=False, repr=False)

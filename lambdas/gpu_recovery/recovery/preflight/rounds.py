@@ -65,6 +65,7 @@ from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.job_fault import JobFaultData, PreflightJobFault
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
+from gpu_recovery.recovery.stage_data import HasJobs
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.preflight import (
     ABANDONED,
@@ -101,16 +102,13 @@ class PreflightError(Exception):
         self.message = message
 
 
-class PreflightData(Protocol):
+class PreflightData(HasJobs[JobFaultData], Protocol):
     """The preflight's items (``repository/preflight.py``), its ranks' arrivals on the latch, the
     job's ledger mark of its preflight time; and what a job's own fault ends (``JobFaultData``)."""
 
     latches: LatchRepository
     preflight: PreflightRepository
     rank_events: RankEventRepository  # the job's ledger mark of its preflight time
-
-    @property
-    def jobs(self) -> JobFaultData: ...
 
 
 class Preflights:

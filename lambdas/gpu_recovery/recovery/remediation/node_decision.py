@@ -60,7 +60,7 @@ from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.remediation.notices import RemediationNotices
 from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
-from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions
+from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsNodeItems, RecordsNodeDecisions
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
@@ -146,19 +146,6 @@ class DecisionJobs(Protocol):
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
-class DecisionData(RecordsNodeDecisions, Protocol):
-    """The node (its item, its fault history), the suspects and jobs its decision settles, the
-    decision's one transaction, and the holds it may cordon the node by."""
-
-    faults: FaultRepository
-    cordons: CordonRepository
-
-    @property
-    def jobs(self) -> DecisionJobs: ...
-    @property
-    def instances(self) -> DecisionNodes: ...
-
-
 class DecisionNodes(ReadsNodeItems, Protocol):
     """The node decided: read, its fault history, a fault observed only."""
 
@@ -168,6 +155,14 @@ class DecisionNodes(ReadsNodeItems, Protocol):
     def observed_fault_updates(self, inst_id: str, *, fault_history: list[dict[str, Any]] | None,
                                last_fault: dict[str, Any], cordon: Mapping[str, Any] | None = None,
                                version: float = 0.0) -> list[Update]: ...
+
+
+class DecisionData(HasJobs[DecisionJobs], HasInstances[DecisionNodes], RecordsNodeDecisions, Protocol):
+    """The node (its item, its fault history), the suspects and jobs its decision settles, the
+    decision's one transaction, and the holds it may cordon the node by."""
+
+    faults: FaultRepository
+    cordons: CordonRepository
 
 
 @dataclass(eq=False, repr=False)

@@ -47,7 +47,13 @@ from gpu_recovery.recovery.remediation.node_decision import (
     projected,
 )
 from gpu_recovery.recovery.remediation.notices import observed_node_effects
-from gpu_recovery.recovery.stage_data import ReadsNodeItems, RecordsNodeDecisions, RecordsObservedFaults
+from gpu_recovery.recovery.stage_data import (
+    HasInstances,
+    HasJobs,
+    ReadsNodeItems,
+    RecordsNodeDecisions,
+    RecordsObservedFaults,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +135,10 @@ class UnreachableNodes(ReadsNodeItems, RecordsObservedFaults, Protocol):
     def get_instance(self, container_inst_id: str) -> Instance | None: ...
 
 
-class UnreachableData(RecordsNodeDecisions, Protocol):
+class UnreachableData(HasJobs[UnreachableJobs], HasInstances[UnreachableNodes],
+                      RecordsNodeDecisions, Protocol):
     """The job and its lost node, the node's decision (or the job's failure alone), the fault
     observed only (observe mode)."""
-
-    @property
-    def jobs(self) -> UnreachableJobs: ...
-    @property
-    def instances(self) -> UnreachableNodes: ...
 
 
 class NodeUnreachable:
