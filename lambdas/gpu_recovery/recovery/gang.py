@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -56,18 +56,15 @@ from gpu_recovery.domain.gang_batches import (
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
 from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.rank_template import RESTART, RankTemplate, intent_kind
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
-from gpu_recovery.recovery.ranks import (
-    RankOperations,
-    overrides_for_attempt,
-    restart_started_by,
-    tags_for_attempt,
-)
+from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
+from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
 from gpu_recovery.recovery.task_starts import TaskRequest, start_once
 from gpu_recovery.repository.faults import FaultRepository
@@ -228,7 +225,7 @@ class GangOps:
         """Every rank of ``attempt`` ended: nothing is left to stop (the intent is done)."""
         self.fanouts.end_stop(job, attempt)
 
-    def release_launch(self, rank: Rank, attempt: int) -> None:
+    def release_launch(self, rank: RankTemplate, attempt: int) -> None:
         """A rank of ``attempt`` not placed: its launch lease ends, for the next try to take."""
         self.fanouts.release_rank_launch(rank, attempt)
 
@@ -319,6 +316,13 @@ class GangOps:
         return left
 
     # --------------------------------------------------------------------- start
+    def templates(self, job: Job) -> RankTemplates:
+        """The source of the ranks the job's start intent starts, by the intent's kind."""
+        kind = intent_kind(job.start_fanout)
+        if kind != RESTART:
+            raise ValueError(f"unknown start intent kind {kind!r}")
+        return RestartTemplates(self.data, self.faults, self.ranks)
+
     def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
                      result: BatchResult) -> None:
         repo = self.data
@@ -326,86 +330,73 @@ class GangOps:
         if job is None or job.attempt != batch.attempt or job.state not in STARTED_JOB_STATES:
             result.reason = "job moved on"  # an ended job's stop fan-out stops what was started
             return
-        moves = self.faults.placement(job.job_id, job.attempt) if job.relocated else {}
-        ranks = repo.get_rank_range(batch.job_id, batch.first, batch.last)
-        previous = {r.rank: r for r in ranks if r.attempt == batch.attempt - 1}
-        registered = [r for r in ranks if r.attempt == batch.attempt]
+        source = self.templates(job)
+        read = source.read(job, batch.first, batch.last)
         complete = False
-        if registered:
+        if read.registered:
             # A delivery that died between a registration and its latch (a redelivery, or the
             # sweep's resend of the batch, which SQS counts as a first receive): arrive again.
-            for rank in registered:
+            for rank in read.registered:
                 complete |= Latch.REGISTERED in repo.latches.arrive(
                     job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                     registered_at=rank.registered_at)
-        planned = [PlannedRank(r.rank, self._target(r, moves)["node"], self._spec(r)) for r in ranks
-                   if r.attempt in (batch.attempt, batch.attempt - 1)]
+        planned = [PlannedRank(t.rank, t.node, self._spec(t)) for t in read.planned]
         for call in plan_calls(planned, batching=self.settings.batch_identical_starts):
-            todo = [previous[r] for r in call.ranks if r in previous]
+            todo = [read.startable[r] for r in call.ranks if r in read.startable]
             if not todo:
                 continue
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, batch, "time"
                 return
-            started, failed, completed = self._start_call(job, call, todo, moves)
+            started, failed, completed = self._start_call(job, call, todo, source)
             result.started += started
             complete |= completed
-            for rank, why in failed:
+            for template, why in failed:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
-                self.reactions.emit(RankNotPlaced(job, rank, why))
-                result.reason = f"rank {rank.rank} could not be started: {why}"
+                self.reactions.emit(RankNotPlaced(job, template, why))
+                result.reason = f"rank {template.rank} could not be started: {why}"
         if complete:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
 
     @staticmethod
-    def _target(rank: Rank, moves: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-        move = moves.get(rank.container_inst_id)
-        if move:
-            return {"node": move["node"], "arn": move["arn"], "ec2": move.get("ec2", "")}
-        return {"node": rank.container_inst_id, "arn": rank.container_instance_arn or rank.container_inst_id,
-                "ec2": rank.ec2_instance_id}
-
-    @staticmethod
-    def _spec(rank: Rank) -> str:
+    def _spec(rank: RankTemplate) -> str:
         return spec_key(rank.task_definition_arn, rank.overrides, rank.group, rank.gpus, rank.tags,
                         (TAG_RANK, TAG_RANKS, TAG_ATTEMPT))
 
-    def _start_call(self, job: Job, call: StartCall, todo: list[Rank],
-                    moves: Mapping[str, Mapping[str, str]]
-                    ) -> tuple[list[int], list[tuple[Rank, str]], bool]:
+    def _start_call(self, job: Job, call: StartCall, todo: list[RankTemplate], source: RankTemplates
+                    ) -> tuple[list[int], list[tuple[RankTemplate, str]], bool]:
         """Start the ranks of one call whose lease this delivery wins; returns the ranks
         started (and registered), those that could not be placed, and whether a
         registration completed the attempt's latch."""
         attempt = job.attempt
         now = clock.now()
         lease_until = now + CLAIM_LEASE_SECONDS
-        claimed = [r for r in todo if self.fanouts.claim_rank_launch(r, attempt, lease_until, now)]
+        claimed = [t for t in todo if self.fanouts.claim_rank_launch(t, attempt, lease_until, now)]
         if not claimed:
             return [], [], False  # another delivery is starting them
         started_by = group_started_by(job.job_id, attempt, call)
-        targets = {r.rank: self._target(r, moves) for r in claimed}
-        on_node = {targets[r.rank]["node"]: r for r in claimed}  # a call starts one rank a node
+        on_node = {t.node: t for t in claimed}  # a call starts one rank a node
         first = claimed[0]
-        tags = tags_for_attempt(first.tags, attempt)
+        tags = first.tags
         if call.grouped:
             tags = [t for t in tags if t.get("key") != TAG_RANK]
             tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
-        request = TaskRequest(first.task_definition_arn, started_by,
-                              overrides_for_attempt(first.overrides, attempt), tags, first.group or None)
+        request = TaskRequest(first.task_definition_arn, started_by, first.overrides, tags,
+                              first.group or None)
         started: list[int] = []
         complete = False
 
         def register(node: str, task_arn: str) -> None:
             nonlocal complete
-            rank = on_node[node]
-            complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
-            started.append(rank.rank)
+            template = on_node[node]
+            complete |= Latch.REGISTERED in source.register(job, template, task_arn, started_by)
+            started.append(template.rank)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).
-        taken_over = any(r.launch_attempt == attempt for r in claimed)
+        taken_over = any(t.launch_attempt == attempt for t in claimed)
         unplaced = start_once(
-            self.ecs, request, {node: targets[r.rank]["arn"] for node, r in on_node.items()}, register,
+            self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
             look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
             network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         if unplaced:
@@ -415,10 +406,3 @@ class GangOps:
         # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
         return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement")
                          for node, why in unplaced.items()], complete
-
-    def _register(self, job: Job, rank: Rank, task_arn: str, target: Mapping[str, str],
-                  started_by: str) -> bool:
-        arrival = self.ranks.register_restarted(
-            job, rank, task_arn=task_arn, container_instance_arn=target["arn"], ec2_instance_id=target["ec2"],
-            started_by=started_by)
-        return Latch.REGISTERED in arrival

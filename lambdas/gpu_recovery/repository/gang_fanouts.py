@@ -8,11 +8,22 @@ sending went, so that a redelivery or the sweep sends what is unsent and nothing
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
-from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.models import Job
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
 from gpu_recovery.repository.tables import RecoveryTables
+
+
+class RankKey(Protocol):
+    """A rank's item: its job and rank (a ``Rank``, or a ``RankTemplate`` to start)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
 
 
 class GangFanoutRepository:
@@ -62,7 +73,7 @@ class GangFanoutRepository:
             condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
         return self.db.apply(update)
 
-    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
+    def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float) -> bool:
         """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
         of the previous attempt. A holder that died lets the lease expire; the next one
         looks the task up by startedBy before starting it."""
@@ -75,7 +86,7 @@ class GangFanoutRepository:
             condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
         ))
 
-    def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
+    def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
         next try (the sweep's, or a node freeing) may start it (looking it up first)."""
         return self.db.apply(Update(
