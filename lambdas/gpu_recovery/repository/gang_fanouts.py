@@ -16,6 +16,9 @@ from gpu_recovery.domain.models import Job
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
 from gpu_recovery.repository.tables import RecoveryTables
 
+#: The item a launch lease creates for a rank never started (no rank of its own yet).
+LEASE_ONLY = "RANK_LEASE"
+
 
 class RankKey(Protocol):
     """A rank's item: its job and rank (a ``Rank``, or a ``RankTemplate`` to start)."""
@@ -74,16 +77,20 @@ class GangFanoutRepository:
         return self.db.apply(update)
 
     def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float) -> bool:
-        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
-        of the previous attempt. A holder that died lets the lease expire; the next one
-        looks the task up by startedBy before starting it."""
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank's item,
+        which holds an earlier attempt's rank or none (a rank never started: the lease creates a
+        lease-only item, ``RANK_LEASE``, that readers of ranks skip until the rank is registered
+        over it). A holder that died lets the lease expire; the next one looks the task up by
+        startedBy before starting it."""
         return self.db.apply(Update(
             table=self.job_table_name,
             key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
             set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
-            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
-            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
-            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+            set_if_absent={"item_type": LEASE_ONLY},
+            condition=("(attribute_not_exists(#a) OR #a < :a) "
+                       "AND (attribute_not_exists(#lu) OR #lu < :now)"),
+            condition_values={":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#lu": "launch_lease_until"},
         ))
 
     def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
@@ -91,6 +98,7 @@ class GangFanoutRepository:
         next try (the sweep's, or a node freeing) may start it (looking it up first)."""
         return self.db.apply(Update(
             table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
-            condition_values={":prev": attempt - 1, ":a": attempt},
+            set_fields={"launch_lease_until": 0},
+            condition="(attribute_not_exists(#a) OR #a < :a) AND #la = :a",
+            condition_values={":a": attempt},
             condition_names={"#a": "attempt", "#la": "launch_attempt"}))
