@@ -56,7 +56,7 @@ from gpu_recovery.domain.gang_batches import (
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.domain.rank_template import RESTART, RankTemplate, intent_kind
+from gpu_recovery.domain.rank_template import LAUNCH, RESTART, RankTemplate, intent_kind
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
@@ -140,6 +140,8 @@ class GangOps:
     settings: Settings
     # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
     reactions: Reactions = field(default_factory=Reactions)
+    # A queue launch's ranks (``recovery.launch_templates``); None: launch intents refused.
+    launches: RankTemplates | None = None
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:
@@ -206,7 +208,8 @@ class GangOps:
         again at a paced interval; once every rank ended, the intent is done."""
         intent = job.stop_fanout
         attempt = int(intent.get("attempt") or job.attempt)
-        if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size):
+        if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size) \
+                or self._aborted_launch_stopped(job, attempt, now):
             self.fanouts.end_stop(job, attempt)
             return "stopped"
         if not intent.get("sent_at"):
@@ -220,6 +223,19 @@ class GangOps:
         if now < float(intent["sent_at"]) + wait:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
+
+    def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
+        """The stop of a queue launch cut short (aborted, or canceled before it completed) ends
+        once every rank it registered ended: its other ranks were never started. Only once its
+        start batches in flight are over (a rank's launch lease runs out in CLAIM_LEASE_SECONDS;
+        no new batch starts a rank of an attempt whose job moved on)."""
+        intent = job.stop_fanout
+        cut_short = intent.get("aborted_launch") or (
+            job.start_fanout and intent_kind(job.start_fanout) == LAUNCH
+            and int(job.start_fanout.get("attempt") or 0) == attempt)
+        if not cut_short or now < float(intent.get("at") or 0) + CLAIM_LEASE_SECONDS:
+            return False
+        return not self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size)
 
     def stopped(self, job: Job, attempt: int) -> None:
         """Every rank of ``attempt`` ended: nothing is left to stop (the intent is done)."""
@@ -319,9 +335,11 @@ class GangOps:
     def templates(self, job: Job) -> RankTemplates:
         """The source of the ranks the job's start intent starts, by the intent's kind."""
         kind = intent_kind(job.start_fanout)
-        if kind != RESTART:
-            raise ValueError(f"unknown start intent kind {kind!r}")
-        return RestartTemplates(self.data, self.faults, self.ranks)
+        if kind == RESTART:
+            return RestartTemplates(self.data, self.faults, self.ranks)
+        if kind == LAUNCH and self.launches is not None:
+            return self.launches
+        raise ValueError(f"no source for a start intent of kind {kind!r}")
 
     def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
                      result: BatchResult) -> None:
@@ -355,6 +373,8 @@ class GangOps:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
                 self.reactions.emit(RankNotPlaced(job, template, why))
                 result.reason = f"rank {template.rank} could not be started: {why}"
+            if failed and intent_kind(job.start_fanout) == LAUNCH:
+                return  # a queue launch not placed is aborted: nothing more of it is started
         if complete:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
 
@@ -395,12 +415,14 @@ class GangOps:
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).
         taken_over = any(t.launch_attempt == attempt for t in claimed)
+        # A restart's placement race is tried again at once; a queue launch not placed is requeued.
+        tries = 1 if intent_kind(job.start_fanout) == LAUNCH else self.settings.restart_start_retries
         unplaced = start_once(
             self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
-            look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
+            look_up=call.nodes if taken_over else (), tries=tries,
             network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         if unplaced:
-            logger.warning("restart placement failed", extra={
+            logger.warning("start placement failed", extra={
                 "job_id": job.job_id, "ranks": [on_node[node].rank for node in unplaced],
                 "reasons": dict(unplaced)})
         # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.

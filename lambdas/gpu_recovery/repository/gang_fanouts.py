@@ -12,8 +12,9 @@ from typing import Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
-from gpu_recovery.domain.models import Job
-from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb
+from gpu_recovery.repository.records import is_rank_item, rank_from_item
 from gpu_recovery.repository.tables import RecoveryTables
 
 #: The item a launch lease creates for a rank never started (no rank of its own yet).
@@ -75,6 +76,21 @@ class GangFanoutRepository:
             condition_values={":a": attempt, ":st": job.state.value},
             condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
         return self.db.apply(update)
+
+    def rank_items(self, job_id: str, first: int, last: int) -> tuple[list[Rank], dict[int, int]]:
+        """Ranks ``first`` to ``last - 1`` of a job as registered, and the attempt each rank's
+        launch lease is for (the lease-only items of ranks never started included)."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
+        ranks: list[Rank] = []
+        leases: dict[int, int] = {}
+        for raw in self.db.batch_get(self.job_table_name, keys):
+            item = from_ddb(raw)
+            rank = int(str(item[JOB_PK]).rsplit("#", 1)[1])
+            if item.get("launch_attempt") is not None:
+                leases[rank] = int(item["launch_attempt"])
+            if is_rank_item(item):
+                ranks.append(rank_from_item(item))
+        return sorted(ranks, key=lambda r: r.rank), leases
 
     def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float) -> bool:
         """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank's item,
