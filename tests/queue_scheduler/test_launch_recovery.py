@@ -254,3 +254,63 @@ def test_a_launch_past_the_inline_size_is_started_by_the_gang_worker_once_per_ra
         assert qc.state(job) is JobState.RUNNING and qc.item(job)["launched_at"] is not None
     finally:
         gen.close()
+
+
+def _start_task_refused(qc: Any, monkeypatch: Any, error: Any) -> None:
+    def refused(**_: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(qc.recovery.gang.ecs, "start_task", refused)
+
+
+def test_a_start_task_refused_for_its_overrides_fails_the_launch_without_retry(qc, monkeypatch):
+    """Given a launch whose StartTask ECS refuses (InvalidParameterException: an override names
+    a container the task definition does not have)
+    When the scheduler ticks, and later the sweep runs
+    Then the job is FAILED as a USER_ERROR, nothing runs, and it is never started again."""
+    from botocore.exceptions import ClientError
+
+    job = qc.submit(nnodes=2, gpus=8)
+    _start_task_refused(qc, monkeypatch, ClientError(
+        {"Error": {"Code": "InvalidParameterException",
+                   "Message": "Override for container named x is not a container in the TaskDefinition."}},
+        "StartTask"))
+    [launch] = qc.scheduler().tick().launches
+    assert launch["action"] == "failed" and launch["kind"] == "USER_ERROR"
+    item = qc.item(job)
+    assert item["job_state"] == "FAILED" and item["failure_kind"] == "USER_ERROR"
+    monkeypatch.undo()
+    qc.sim.run_for(600)
+    sweep(qc)
+    assert qc.scheduler().tick().launches == [] and qc.live_tasks(job) == []
+
+
+def test_a_launch_whose_start_task_is_throttled_is_sent_again_by_the_sweep(qc, monkeypatch):
+    """Given a launch whose StartTask is throttled (past botocore's retries)
+    When the sweep runs once the launch is due
+    Then the launch was left STARTING (not requeued, not failed), and the sweep's resend starts
+    every rank once."""
+    job = qc.submit(nnodes=2, gpus=8)
+    _start_task_refused(qc, monkeypatch, throttled("StartTask"))
+    qc.scheduler().tick()
+    monkeypatch.undo()
+    assert qc.state(job) is JobState.STARTING and qc.live_tasks(job) == []
+    qc.sim.run_for(150)
+    sweep(qc)
+    assert len(qc.live_tasks(job)) == 2 and qc.item(job)["launched_at"] is not None
+
+
+def test_a_launch_that_never_completes_fails_after_its_resends(qc, monkeypatch):
+    """Given a launch whose StartTask is throttled every time
+    When the sweep runs every minute for ten minutes
+    Then the launch is sent again a few times, then ends: FAILED (UNKNOWN), no rank running, as a
+    launch resumed that often did before the one launcher."""
+    job = qc.submit(nnodes=2, gpus=8)
+    _start_task_refused(qc, monkeypatch, throttled("StartTask"))
+    qc.scheduler().tick()
+    for _ in range(10):
+        qc.sim.run_for(60)
+        sweep(qc)
+    item = qc.item(job)
+    assert item["job_state"] == "FAILED" and item["failure_kind"] == "UNKNOWN"
+    assert "did not complete" in item["last_error"] and qc.live_tasks(job) == []

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
+from botocore.exceptions import ClientError
+
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
@@ -369,9 +371,9 @@ class GangOps:
             started, failed, completed = self._start_call(job, call, todo, source)
             result.started += started
             complete |= completed
-            for template, why in failed:
+            for template, why, code in failed:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
-                self.reactions.emit(RankNotPlaced(job, template, why))
+                self.reactions.emit(RankNotPlaced(job, template, why, code))
                 result.reason = f"rank {template.rank} could not be started: {why}"
             if failed and intent_kind(job.start_fanout) == LAUNCH:
                 return  # a queue launch not placed is aborted: nothing more of it is started
@@ -384,10 +386,11 @@ class GangOps:
                         (TAG_RANK, TAG_RANKS, TAG_ATTEMPT))
 
     def _start_call(self, job: Job, call: StartCall, todo: list[RankTemplate], source: RankTemplates
-                    ) -> tuple[list[int], list[tuple[RankTemplate, str]], bool]:
+                    ) -> tuple[list[int], list[tuple[RankTemplate, str, str]], bool]:
         """Start the ranks of one call whose lease this delivery wins; returns the ranks
-        started (and registered), those that could not be placed, and whether a
-        registration completed the attempt's latch."""
+        started (and registered), those that could not be placed (why, and the API error of a
+        queue launch's StartTask refused), and whether a registration completed the attempt's
+        latch."""
         attempt = job.attempt
         now = clock.now()
         lease_until = now + CLAIM_LEASE_SECONDS
@@ -416,15 +419,26 @@ class GangOps:
         # the call: those of the ranks registered already have a task of it too).
         taken_over = any(t.launch_attempt == attempt for t in claimed)
         # A restart's placement race is tried again at once; a queue launch not placed is requeued.
-        tries = 1 if intent_kind(job.start_fanout) == LAUNCH else self.settings.restart_start_retries
-        unplaced = start_once(
-            self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
-            look_up=call.nodes if taken_over else (), tries=tries,
-            network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        launch = intent_kind(job.start_fanout) == LAUNCH
+        tries = 1 if launch else self.settings.restart_start_retries
+        try:
+            unplaced = start_once(
+                self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
+                look_up=call.nodes if taken_over else (), tries=tries,
+                network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        except ClientError as error:
+            if not launch:
+                raise
+            # A queue launch's StartTask refused (its task definition or overrides: the launch
+            # fails; throttled: the sweep sends it again): the launch's end decides.
+            err = error.response.get("Error", {})
+            code, message = str(err.get("Code", "")), str(err.get("Message", ""))
+            return started, [(t, f"{code}: {message}", code) for node, t in on_node.items()
+                             if t.rank not in started], complete
         if unplaced:
             logger.warning("start placement failed", extra={
                 "job_id": job.job_id, "ranks": [on_node[node].rank for node in unplaced],
                 "reasons": dict(unplaced)})
         # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
-        return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement")
+        return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement", "")
                          for node, why in unplaced.items()], complete

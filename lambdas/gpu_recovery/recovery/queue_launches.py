@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# A launch not complete after this many resends of its intent (and one more per 256 ranks) fails.
+MAX_LAUNCH_RESENDS = 3
+
+
+class LaunchInterrupted(Exception):
+    """A launch's StartTask failed with a transient error: nothing decided, tried again later."""
+
 
 def is_launch(job: Job) -> bool:
     """The job's start intent is a queue launch's (not a gang restart's)."""
@@ -92,15 +99,25 @@ class QueueLaunches:
         return True
 
     # ---------------------------------------------------------------- abort
-    def start_failed(self, job: Job, rank: RankTemplate, why: str) -> None:
+    def start_failed(self, job: Job, rank: RankTemplate, why: str, error_code: str = "") -> None:
         """A rank of the launch could not be placed: the launch is aborted (requeued or failed),
-        the ranks it started stopped through the stop fan-out."""
-        from gpu_recovery.queue.admission import classify_failure  # as on_started's import
+        the ranks it started stopped through the stop fan-out. Its StartTask refused with an API
+        error (``error_code``): a task definition or override error fails it (USER_ERROR), a
+        transient one leaves it to the sweep's resend."""
+        from gpu_recovery.queue.admission import FailureKind, classify_failure  # as on_started's import
 
+        # Not started: its lease ends now, for the next start to take.
+        self.gang.release_launch(rank, job.attempt)
+        if error_code:
+            kind = classify_failure(error_code=error_code, error_message=why)
+            if kind is FailureKind.UNKNOWN:
+                # Throttled, or ECS unavailable: the start fails (the tick's outcome is
+                # "interrupted", a queued batch is delivered again), the sweep sends it again.
+                raise LaunchInterrupted(f"launch of {job.job_id} interrupted: {why}")
+            self.abort(job, kind, why)
+            return
         reasons = [r.strip() for r in why.split(",") if r.strip()] if why != "no placement" else []
         kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
-        # Not started: its lease ends now, for the next attempt's start to take.
-        self.gang.release_launch(rank, job.attempt)
         self.abort(job, kind, f"StartTask on {rank.container_instance_arn} failed: {why}")
 
     def abort(self, job: Job, kind: FailureKind, reason: str) -> str:
@@ -169,6 +186,15 @@ class QueueLaunches:
             if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
                 return "launch_confirmed"
         now = clock.now()
+        # A launch that never completes (its StartTasks failing over and over) ends, as a queue
+        # launch resumed that often did before the start fan-out.
+        claimed_at = float(job.start_fanout.get("at") or now)
+        give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
+        if is_launch(job) and now >= give_up_at:
+            from gpu_recovery.queue.admission import FailureKind  # as on_started's import
+
+            self.abort(job, FailureKind.UNKNOWN, f"launch did not complete after {int(now - claimed_at)} s")
+            return "launch_given_up"
         action = "launch_waiting"
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
         if is_launch(job) and (not sent_at or now >= sent_at + RESEND_AFTER_SECONDS):

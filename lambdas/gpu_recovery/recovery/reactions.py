@@ -89,6 +89,7 @@ class RankNotPlaced:
     job: Job
     rank: RankTemplate
     why: str
+    error_code: str = ""  # StartTask refused with this API error (a queue launch's only)
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,8 @@ class RecoveryService:
             on(ReservationsReleased, lambda e: self.placement.after_restart(e.job_id)),
             # The start fan-out reports back to the queue launch or the restart that asked it.
             on(RanksStarted, lambda e: self._starter(e.job).on_started(e.job)),
-            on(RankNotPlaced, lambda e: self._starter(e.job).start_failed(e.job, e.rank, e.why)),
+            on(RankNotPlaced, lambda e: self.launches.start_failed(e.job, e.rank, e.why, e.error_code)
+               if is_launch(e.job) else self.restarts.start_failed(e.job, e.rank, e.why)),
             # A verdict settled a fault, a node came back, a job must leave a node: its restart.
             on(RestartDue, lambda e: self.restarts.try_restart(e.job_id)),
             # A fault's first checks found nothing: the nodes whose exits followed are checked.
