@@ -350,7 +350,6 @@ class SchedulerConfig:
     page_size: int = 25
     max_admissions: int = 20  # per tick: each costs nnodes StartTask calls
     max_unplaced: int = 32  # stop reading after this many jobs that could not be placed
-    stale_launch_seconds: int = 120
     time_budget_seconds: float = 60.0
     sharing: TimeSharingSettings = field(default_factory=TimeSharingSettings)
     spares: SparePool = field(default_factory=SparePool)  # healthy free nodes kept out of queue work

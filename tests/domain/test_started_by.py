@@ -11,7 +11,6 @@ import pytest
 from gpu_recovery.domain import started_by
 from gpu_recovery.domain.launch_plan import StartCall
 from gpu_recovery.domain.validation import started_by as validation_started_by
-from gpu_recovery.queue.launcher import started_by as queue_started_by
 from gpu_recovery.recovery.gang import group_started_by
 from gpu_recovery.recovery.gpu_resets import gpu_reset_started_by
 from gpu_recovery.recovery.health_checks import group_started_by as check_group_started_by
@@ -27,8 +26,10 @@ STORED = {  # what the code before this module made for the same start
     "reset": (gpu_reset_started_by, (NODE,), "gpu-recovery-reset-6a54dafab420944d"),
     "validation": (validation_started_by, ("abc", 1.5, 3), "gpu-recovery-val-05bf37e196978891"),
     "restart": (restart_started_by, ("job-1", 1, 7), "gpurec-026ab639c2-a1-r7"),
-    "queue": (queue_started_by, ("job-1", 1, 7), "q-026ab639c21d-a1-r7"),
 }
+# A queue launch's rank before the one launcher (its ranks now carry the restart's format): no
+# task is started with it any more, but one still running is the stack's.
+QUEUE_BEFORE = "q-026ab639c21d-a1-r7"
 
 
 @pytest.mark.parametrize("kind", sorted(STORED))
@@ -59,7 +60,6 @@ def test_every_startedby_fits_ecs_36_characters_whatever_the_job_id_or_rank() ->
     ten = (f"{'x' * 100}{i}:1.7e9:9" for i in range(10))
     made = [started_by.node_task(started_by.HEALTH_CHECK_GROUP, *ten),
             started_by.rank_launch(started_by.RESTART, long_job, 99_999, "r8191", digest=10),
-            started_by.rank_launch(started_by.QUEUE_LAUNCH, long_job, 99_999, "r8191", digest=12),
             started_by.node_task(started_by.GPU_RESET, "x" * 100, 1.7e9),
             started_by.node_task(started_by.VALIDATION, "x" * 100, repr(1.7e9), 99)]
     assert all(len(m) <= started_by.MAX_LENGTH for m in made), made
@@ -74,7 +74,7 @@ def test_each_kind_is_told_by_its_prefix_alone() -> None:
     kinds = {"check": started_by.HEALTH_CHECK, "check group": started_by.HEALTH_CHECK_GROUP,
              "reset": started_by.GPU_RESET, "validation": started_by.VALIDATION,
              "restart": started_by.RESTART, "queue": started_by.QUEUE_LAUNCH}
-    made = {kind: stored for kind, (_, _, stored) in STORED.items()}
+    made = {kind: stored for kind, (_, _, stored) in STORED.items()} | {"queue": QUEUE_BEFORE}
     made["restart"] = group_started_by("job-1", 2, StartCall((0, 1), ("n1", "n2")))
     made["check group"] = check_group_started_by([NODE, SimpleNamespace(
         container_inst_id="def", hc_requested_at=1.5, check=SimpleNamespace(attempts=0))])

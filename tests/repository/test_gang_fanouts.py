@@ -94,3 +94,31 @@ def test_a_ranks_launch_lease_has_one_holder_until_it_runs_out_or_is_given_back(
         assert not fanouts.release_rank_launch(rank, 3)
         item: dict[str, Any] = job_item(JOB, rank=0)
         assert item["launch_attempt"] == 2 and item["launch_lease_until"] == now + 160
+
+
+def test_a_rank_never_started_takes_its_lease_on_an_item_of_its_own_that_readers_skip() -> None:
+    """A first attempt's rank (a queue launch) has no earlier item: its lease creates one that
+    holds only the lease; no reader sees a rank there until the rank is registered over it."""
+    with world() as w:
+        w.register_job(JOB, ["node-a"])  # rank 0 only: rank 1 was never started
+        fanouts, now = w.repo.fanouts, w.now[0]
+        never = replace(rank_zero(w), rank=1, attempt=0)
+        assert fanouts.claim_rank_launch(never, 1, now + 75, now)
+        assert not fanouts.claim_rank_launch(never, 1, now + 80, now + 5)  # held
+        item: dict[str, Any] = job_item(JOB, rank=1)
+        assert item["launch_attempt"] == 1 and item["item_type"] == "RANK_LEASE"
+        assert w.repo.jobs.get_rank(JOB, 1) is None
+        assert [r.rank for r in w.repo.jobs.get_rank_range(JOB, 0, 2)] == [0]
+        job = w.repo.jobs.get_job(JOB)
+        assert job is not None
+        assert [r.rank for r in w.repo.jobs.get_ranks(replace(job, world_size=2))] == [0]
+        assert fanouts.release_rank_launch(never, 1)  # not placed: the next try may take it
+        assert fanouts.claim_rank_launch(never, 1, now + 90, now + 6)
+        # Registered over its lease: a rank like any other, its lease gone with the item.
+        registered = replace(rank_zero(w), rank=1, attempt=1, task_arn="arn:aws:ecs:task/t1")
+        assert w.repo.registrations.put_rank_registration(registered)
+        stored = w.repo.jobs.get_rank(JOB, 1)
+        assert stored is not None and stored.task_arn == "arn:aws:ecs:task/t1"
+        assert "launch_attempt" not in job_item(JOB, rank=1)
+        # Its next attempt's lease goes on the registered item.
+        assert fanouts.claim_rank_launch(stored, 2, now + 95, now + 7)

@@ -9,8 +9,9 @@ must still be found after it):
   what makes the start unique (the node, the decision or request it serves, the attempt);
   the checks started together on up to 10 nodes by one StartTask share one (its own prefix:
   a task of it is told from the others of the call by its container instance);
-* a rank (or a call of identical ranks): the launcher's prefix, a digest of the job id, the
-  attempt and the rank (``r``) or the call (``g``).
+* a rank (or a call of identical ranks): the start fan-out's prefix (``RESTART``: a gang
+  restart's and a queue launch's alike, the one launcher), a digest of the job id, the attempt
+  and the rank (``r``) or the call (``g``).
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ HEALTH_CHECK = "gpu-recovery-hc"
 HEALTH_CHECK_GROUP = "gpu-recovery-hcg"  # the checks of one StartTask on several nodes
 GPU_RESET = "gpu-recovery-reset"
 VALIDATION = "gpu-recovery-val"
-RESTART = "gpurec"  # the ranks the recovery starts again
-QUEUE_LAUNCH = "q"  # the queue's launches
+RESTART = "gpurec"  # every rank the start fan-out starts (a gang restart's, a queue launch's)
+# The queue's launches before they went through the start fan-out: no task is started with it
+# any more; kept so that tasks started before the upgrade are still known as the stack's.
+QUEUE_LAUNCH = "q"
 #: every kind's prefix: a task whose startedBy begins with one of them (and "-") is the stack's
 PREFIXES = (HEALTH_CHECK, HEALTH_CHECK_GROUP, GPU_RESET, VALIDATION, RESTART, QUEUE_LAUNCH)
 NODE_TASK_DIGEST = 16  # hex characters of a node task's digest
 
 
 def is_restart(started_by: str) -> bool:
-    """A rank the recovery's gang restart started (its job's attempt claimed as a restart)."""
+    """A rank the start fan-out started (a gang restart's or a queue launch's): the batch that
+    registered its attempt's last rank told the launch or the restart."""
     return started_by.startswith(f"{RESTART}-")
 
 

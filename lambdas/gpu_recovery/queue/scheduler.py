@@ -3,25 +3,23 @@
 One tick (every minute, and right after submit / cancel / job end):
 
 1. **Lease.** Conditional UpdateItem of ``SCHEDULER#LEASE`` in the job table (owner,
-   ``expires_at = now + lease_seconds``), answered with the item as written (ALL_NEW): the
-   launch ledger on it is read with the lease; a tick that cannot take it returns at once.
+   ``expires_at = now + lease_seconds``); a tick that cannot take it returns at once.
    Reserved concurrency 1 on the function is the second fence. The Lambda timeout
    (90 s) is shorter than the lease (120 s), so a tick never outlives its lease. The
    lease is deleted (condition: still ours) at the end.
 2. **Time sharing** (:mod:`gpu_recovery.queue.time_sharing`): the sparse holding index
    (queue jobs holding nodes) is read once: quota charges of jobs that stopped holding
    nodes are released, ABOVE_NORMAL jobs that ran long enough drop to NORMAL.
-3. **Resume** launches a dead tick left half-done: the launch ledger on the lease
-   item lists every claimed-but-unfinished launch (read with the lease); entries older than
-   ``stale_launch_seconds`` are resumed, ranks looked up by ``startedBy`` before
-   anything is started again. Queue jobs whose *gang restart* (recovery loop) was
-   left half-done are found in the sparse ``by-state`` index (STARTING; only queue
-   jobs carry its sort key) and resumed with the recovery loop's own launcher.
+3. A launch a dead tick left half-done is the recovery sweep's: its claim committed the intent
+   to start its ranks (``start_fanout``), which the sweep sends again. Its planned nodes stay
+   held (no other job is admitted onto them) until it is complete, and a job whose aborted
+   launch's ranks are still being stopped (``stop_fanout``) is not admitted again before.
 4. **Read the head of the queue** (``by-queue-order`` ascending, pages of
    ``page_size``) and offer each job to :class:`~gpu_recovery.queue.planner.TickPlanner`
    (quota, gang admission, preemption: a blocked job's victims are asked to suspend).
    The node snapshot (ListContainerInstances ACTIVE + DescribeContainerInstances by
-   100 + instance-table BatchGet + nodes held for gang restarts) is taken only when
+   100 + instance-table BatchGet + nodes held for gang restarts and launches in progress) is
+   taken only when
    the first page holds a job that is not backing off.
    Hot spares (``spare_nodes``: that many healthy, wholly free nodes) are offered only
    to jobs relocated off a bad node (``queue_order`` with the relocated mark), and, with
@@ -32,8 +30,8 @@ One tick (every minute, and right after submit / cancel / job end):
    backing off), (c) ``max_admissions`` jobs were admitted, or (d) the time budget is
    spent. Items read <= admitted + max_unplaced + page_size, and admitted <= free
    GPUs: the read cost follows what can be placed now, never the queue's length.
-5. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`); the launch
-   claim carries the job's quota charge (one transaction).
+5. **Launch** each admitted job (see :mod:`gpu_recovery.queue.launcher`): its claim (with the
+   job's quota charge, one transaction), then the recovery's start fan-out of its ranks.
 """
 
 from __future__ import annotations
@@ -54,11 +52,10 @@ from gpu_recovery.domain.time_sharing import QuotaBook
 from gpu_recovery.queue.admission import Node, node_ineligibility, queued_relocated
 from gpu_recovery.queue.launcher import (
     HostAddressPort,
-    LaunchEcs,
     Launcher,
     LaunchOutcome,
     PlacedNode,
-    RegistersRanks,
+    StartsRanks,
     TaskDefinitionPort,
 )
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
@@ -92,7 +89,6 @@ class TickResult:
     preempted: list[str] = field(default_factory=list)  # victims asked to suspend this tick
     quota_released: list[str] = field(default_factory=list)
     demoted: list[str] = field(default_factory=list)
-    resumed: list[dict[str, Any]] = field(default_factory=list)
     nodes_seen: int = 0
     stop_reason: str = ""
 
@@ -102,20 +98,16 @@ class TickResult:
 
 # ------------------------------------------------------------------------ lease
 class Lease:
-    """One scheduler at a time: a conditional item with an expiry in the job table.
-
-    The same item carries the launch ledger (``inflight``); taking the lease never
-    erases it.
-    """
+    """One scheduler at a time: a conditional item with an expiry in the job table (a launch's
+    claim holds only while it is its tick's)."""
 
     def __init__(self, store: SchedulingRepository, owner: str | None = None, seconds: int = 120) -> None:
         self._store = store
         self.owner = owner or uuid.uuid4().hex
         self.seconds = seconds
 
-    def acquire(self) -> dict[str, dict[str, Any]] | None:
-        """Take (or renew) the lease: the launch ledger as taken with it (job id -> entry), or
-        None when another tick holds it."""
+    def acquire(self) -> bool:
+        """Take (or renew) the lease: False when another tick holds it."""
         return self._store.acquire_lease(self.owner, clock.now(), self.seconds)
 
     def release(self) -> None:
@@ -188,20 +180,17 @@ class QueueScheduler:
                  cluster: ClusterReader, lease: Lease, config: SchedulerConfig | None = None,
                  sharing: TimeSharing | None = None, quotas: QuotaRepository | None = None) -> None:
         self.repo = repo
-        self.store = store  # the launch ledger, the queue's head, a launch's planned nodes
+        self.store = store  # the queue's head, a launch's planned nodes
         self.launcher = launcher
         self.cluster = cluster
         self.lease = lease
         self.config = config or SchedulerConfig()
         self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
         self.quotas = quotas
-        self._launching: set[str] = set()  # nodes of launches a dead tick left (this tick)
-        self._in_flight: set[str] = set()  # jobs in the launch ledger as this tick began
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
-        ledger = self.lease.acquire()
-        if ledger is None:
+        if not self.lease.acquire():
             return TickResult(action="busy")
         started = time.monotonic()
         budget = min(self.config.time_budget_seconds, time_budget_seconds or self.config.time_budget_seconds)
@@ -211,7 +200,6 @@ class QueueScheduler:
 
         try:
             result = TickResult()
-            self._resume_stuck(result, ledger, time_left)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
@@ -219,38 +207,6 @@ class QueueScheduler:
             return result
         finally:
             self.lease.release()
-
-    # ---------------------------------------------------------------- resume
-    def _resume_stuck(self, result: TickResult, entries: Mapping[str, Mapping[str, Any]],
-                      time_left: Callable[[], float]) -> None:
-        """``entries``: the launch ledger as read with the lease (only the lease's holder
-        writes the ledger, so it is the ledger as this tick starts)."""
-        now = clock.now()
-        stale = self.config.stale_launch_seconds
-        self._launching = set()
-        # Not admitted again this tick: a launch requeued by its own abort stays in the ledger
-        # until every task it started is stopped (``Launcher._leave_ledger``).
-        self._in_flight = set(entries)
-        for job_id, entry in sorted(entries.items()):
-            if now - float(entry.get("claimed_at") or 0) < stale:
-                # A launch a dead tick left half-done, not resumed yet: its planned nodes are
-                # its own, no other job may take their GPUs meanwhile.
-                self._launching.update(self._planned_nodes(job_id, entry))
-                continue
-            try:
-                outcome = self.launcher.resume(job_id, entry, time_left=time_left)
-            except Exception:
-                # One launch's resume failing (a throttled call, a lost answer) does not stop the
-                # tick for every other job: its entry stays for the next tick, its nodes held.
-                logger.warning("launch not resumed; the next tick tries again", exc_info=True,
-                               extra={"job_id": job_id})
-                self._launching.update(self._planned_nodes(job_id, entry))
-                result.resumed.append({"job_id": job_id, "action": "resume_failed"})
-                continue
-            result.resumed.append(outcome.as_dict())
-            if outcome.action in ("requeued", "failed"):
-                result.launch_failures += 1
-        # Gang restarts of queue jobs by the recovery loop are resumed by its sweep.
 
     # ----------------------------------------------------------------- admit
     def _admit(self, result: TickResult, time_left: Callable[[], float]) -> None:
@@ -270,7 +226,8 @@ class QueueScheduler:
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
                 queued = _queued(item, self.config.lend_spares)
-                if queued is None or item.get("job_id") in self._in_flight:
+                if queued is None or item.get("stop_fanout"):
+                    # An aborted launch's ranks still being stopped: admitted once they are.
                     unplaced += 1
                 else:
                     step = planner.offer(queued)
@@ -377,21 +334,11 @@ class QueueScheduler:
         return self.store.queue_head(self.config.page_size)
 
     # -------------------------------------------------------------- snapshot
-    def _planned_nodes(self, job_id: str, entry: Mapping[str, Any]) -> set[str]:
-        item = self.store.job_item(job_id) or {}
-        if int(item.get("attempt") or 0) != int(entry.get("attempt") or -1) or item.get("launched_at"):
-            return set()
-        plan = item.get("launch") or {}
-        nodes, _ = self.store.plan_nodes(job_id, int(entry.get("attempt") or 0),
-                                         int(plan.get("world_size") or item.get("world_size") or 1))
-        return {container_instance_id(str(arn)) for arn in nodes if arn}
-
     def snapshot(self) -> dict[str, NodeInfo]:
         described = self.cluster.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         states = self.repo.instances.get_instances(ids) if ids else {}
         held, waits = self._held_for_restart()
-        held |= self._launching
         whys: dict[str, str] = {}
         for ci, node_id in zip(described, ids, strict=True):
             instance = states.get(node_id)
@@ -466,7 +413,8 @@ class QueueScheduler:
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
         """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang
-        restart needs them back, so no queued job may take their freed GPUs; and the waits
+        restart needs them back, so no queued job may take their freed GPUs; the nodes of
+        launches in progress; and the waits
         of relocatable jobs with no healthy free node (the nodes that free up are theirs).
 
         Those jobs carry a deadline, so the sparse deadline index lists them; the
@@ -474,7 +422,15 @@ class QueueScheduler:
         """
         held: set[str] = set()
         waits: list[RelocationWait] = []
-        for item in self.store.jobs_in_recovery():
+        deadline_items = self.store.deadline_job_items()
+        for item in self.store.launches_in_progress(deadline_items):
+            # A launch in progress (its ranks being started, or its intent left unsent by a dead
+            # tick): its planned nodes are its own, no other job may take their GPUs meanwhile.
+            plan = item.get("launch") or {}
+            nodes, _ = self.store.plan_nodes(str(item["job_id"]), int(item.get("attempt") or 0),
+                                             int(plan.get("world_size") or item.get("world_size") or 1))
+            held |= {container_instance_id(str(arn)) for arn in nodes if arn}
+        for item in self.store.jobs_in_recovery(deadline_items):
             job = job_from_item(item)
             if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
                 waits.append(job.relocation_wait)
@@ -508,12 +464,12 @@ def _queued(item: Mapping[str, Any], lend_spares: bool = False) -> QueuedJob | N
 
 
 # ------------------------------------------------------------------- wiring
-class SchedulerEcs(LaunchEcs, ContainerInstancesPort, Protocol):
-    """The ECS adapter a tick launches with and reads the cluster's nodes through."""
+class SchedulerEcs(ContainerInstancesPort, Protocol):
+    """The ECS adapter a tick reads the cluster's nodes through."""
 
 
-class RecoveryLoop(RegistersRanks, SuspendPort, Protocol):
-    """What the queue asks of the recovery loop: a started rank handed over, a job suspended."""
+class RecoveryLoop(StartsRanks, SuspendPort, Protocol):
+    """What the queue asks of the recovery loop: a launch's ranks started, a job suspended."""
 
 
 def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: RecoveryLoop,
@@ -523,7 +479,7 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
                     ecs_client: Any | None = None, ec2_client: Any | None = None,
                     ssm_client: Any | None = None, cluster: str = "") -> QueueScheduler:
     """The tick over the adapters ``runtime.queue_scheduler`` builds: ``ecs_adapter`` (an
-    ``EcsAdapter``: StartTask/StopTask/ListTasks and the node snapshot), ``task_definitions``
+    ``EcsAdapter``: the node snapshot; the ranks start through ``recovery``), ``task_definitions``
     and ``hosts``. ``quotas`` (the quota table's repository) enables time sharing.
 
     Raw boto3 arguments remain for callers not migrated yet (the scheduler benchmark):
@@ -539,8 +495,7 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     holding = HoldingRepository(repo.jobs, quotas) if quotas is not None else None
     store = SchedulingRepository(repo.jobs, holding)
     lease = Lease(store, owner, config.lease_seconds)
-    launcher = Launcher(repo.jobs, ecs_adapter, recovery, task_definitions, hosts, store, lease.owner,
-                        sharing=config.sharing)
+    launcher = Launcher(recovery, task_definitions, hosts, store, lease.owner, sharing=config.sharing)
     sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
     return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
 

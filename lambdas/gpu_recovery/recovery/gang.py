@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
@@ -56,18 +58,15 @@ from gpu_recovery.domain.gang_batches import (
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import PlannedRank, StartCall, plan_calls, ranks_tag_value, spec_key
 from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.rank_template import LAUNCH, RESTART, RankTemplate, intent_kind
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
-from gpu_recovery.recovery.ranks import (
-    RankOperations,
-    overrides_for_attempt,
-    restart_started_by,
-    tags_for_attempt,
-)
+from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
+from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
 from gpu_recovery.recovery.task_starts import TaskRequest, start_once
 from gpu_recovery.repository.faults import FaultRepository
@@ -143,6 +142,8 @@ class GangOps:
     settings: Settings
     # Told: a restart's ranks all started, a rank not placed, a stopped task's lost event.
     reactions: Reactions = field(default_factory=Reactions)
+    # A queue launch's ranks (``recovery.launch_templates``); None: launch intents refused.
+    launches: RankTemplates | None = None
 
     # ------------------------------------------------------------------ dispatch
     def inline(self, job: Job) -> bool:
@@ -209,7 +210,8 @@ class GangOps:
         again at a paced interval; once every rank ended, the intent is done."""
         intent = job.stop_fanout
         attempt = int(intent.get("attempt") or job.attempt)
-        if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size):
+        if Latch.ENDED in self.data.latches.complete(job.job_id, attempt, job.world_size) \
+                or self._aborted_launch_stopped(job, attempt, now):
             self.fanouts.end_stop(job, attempt)
             return "stopped"
         if not intent.get("sent_at"):
@@ -224,11 +226,24 @@ class GangOps:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
 
+    def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
+        """The stop of a queue launch cut short (aborted, or canceled before it completed) ends
+        once every rank it registered ended: its other ranks were never started. Only once its
+        start batches in flight are over (a rank's launch lease runs out in CLAIM_LEASE_SECONDS;
+        no new batch starts a rank of an attempt whose job moved on)."""
+        intent = job.stop_fanout
+        cut_short = intent.get("aborted_launch") or (
+            job.start_fanout and intent_kind(job.start_fanout) == LAUNCH
+            and int(job.start_fanout.get("attempt") or 0) == attempt)
+        if not cut_short or now < float(intent.get("at") or 0) + CLAIM_LEASE_SECONDS:
+            return False
+        return not self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size)
+
     def stopped(self, job: Job, attempt: int) -> None:
         """Every rank of ``attempt`` ended: nothing is left to stop (the intent is done)."""
         self.fanouts.end_stop(job, attempt)
 
-    def release_launch(self, rank: Rank, attempt: int) -> None:
+    def release_launch(self, rank: RankTemplate, attempt: int) -> None:
         """A rank of ``attempt`` not placed: its launch lease ends, for the next try to take."""
         self.fanouts.release_rank_launch(rank, attempt)
 
@@ -319,6 +334,15 @@ class GangOps:
         return left
 
     # --------------------------------------------------------------------- start
+    def templates(self, job: Job) -> RankTemplates:
+        """The source of the ranks the job's start intent starts, by the intent's kind."""
+        kind = intent_kind(job.start_fanout)
+        if kind == RESTART:
+            return RestartTemplates(self.data, self.faults, self.ranks)
+        if kind == LAUNCH and self.launches is not None:
+            return self.launches
+        raise ValueError(f"no source for a start intent of kind {kind!r}")
+
     def _start_batch(self, batch: GangBatch, receive_count: int, time_left: Callable[[], float] | None,
                      result: BatchResult) -> None:
         repo = self.data
@@ -326,99 +350,95 @@ class GangOps:
         if job is None or job.attempt != batch.attempt or job.state not in STARTED_JOB_STATES:
             result.reason = "job moved on"  # an ended job's stop fan-out stops what was started
             return
-        moves = self.faults.placement(job.job_id, job.attempt) if job.relocated else {}
-        ranks = repo.get_rank_range(batch.job_id, batch.first, batch.last)
-        previous = {r.rank: r for r in ranks if r.attempt == batch.attempt - 1}
-        registered = [r for r in ranks if r.attempt == batch.attempt]
+        source = self.templates(job)
+        read = source.read(job, batch.first, batch.last)
         complete = False
-        if registered:
+        if read.registered:
             # A delivery that died between a registration and its latch (a redelivery, or the
             # sweep's resend of the batch, which SQS counts as a first receive): arrive again.
-            for rank in registered:
+            for rank in read.registered:
                 complete |= Latch.REGISTERED in repo.latches.arrive(
                     job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                     registered_at=rank.registered_at)
-        planned = [PlannedRank(r.rank, self._target(r, moves)["node"], self._spec(r)) for r in ranks
-                   if r.attempt in (batch.attempt, batch.attempt - 1)]
+        planned = [PlannedRank(t.rank, t.node, self._spec(t)) for t in read.planned]
         for call in plan_calls(planned, batching=self.settings.batch_identical_starts):
-            todo = [previous[r] for r in call.ranks if r in previous]
+            todo = [read.startable[r] for r in call.ranks if r in read.startable]
             if not todo:
                 continue
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, batch, "time"
                 return
-            started, failed, completed = self._start_call(job, call, todo, moves)
+            started, failed, completed = self._start_call(job, call, todo, source)
             result.started += started
             complete |= completed
-            for rank, why in failed:
+            for template, why, code in failed:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
-                self.reactions.emit(RankNotPlaced(job, rank, why))
-                result.reason = f"rank {rank.rank} could not be started: {why}"
+                self.reactions.emit(RankNotPlaced(job, template, why, code))
+                result.reason = f"rank {template.rank} could not be started: {why}"
+            if failed and intent_kind(job.start_fanout) == LAUNCH:
+                return  # a queue launch not placed is aborted: nothing more of it is started
         if complete:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
 
     @staticmethod
-    def _target(rank: Rank, moves: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-        move = moves.get(rank.container_inst_id)
-        if move:
-            return {"node": move["node"], "arn": move["arn"], "ec2": move.get("ec2", "")}
-        return {"node": rank.container_inst_id, "arn": rank.container_instance_arn or rank.container_inst_id,
-                "ec2": rank.ec2_instance_id}
-
-    @staticmethod
-    def _spec(rank: Rank) -> str:
+    def _spec(rank: RankTemplate) -> str:
         return spec_key(rank.task_definition_arn, rank.overrides, rank.group, rank.gpus, rank.tags,
                         (TAG_RANK, TAG_RANKS, TAG_ATTEMPT))
 
-    def _start_call(self, job: Job, call: StartCall, todo: list[Rank],
-                    moves: Mapping[str, Mapping[str, str]]
-                    ) -> tuple[list[int], list[tuple[Rank, str]], bool]:
+    def _start_call(self, job: Job, call: StartCall, todo: list[RankTemplate], source: RankTemplates
+                    ) -> tuple[list[int], list[tuple[RankTemplate, str, str]], bool]:
         """Start the ranks of one call whose lease this delivery wins; returns the ranks
-        started (and registered), those that could not be placed, and whether a
-        registration completed the attempt's latch."""
+        started (and registered), those that could not be placed (why, and the API error of a
+        queue launch's StartTask refused), and whether a registration completed the attempt's
+        latch."""
         attempt = job.attempt
         now = clock.now()
         lease_until = now + CLAIM_LEASE_SECONDS
-        claimed = [r for r in todo if self.fanouts.claim_rank_launch(r, attempt, lease_until, now)]
+        claimed = [t for t in todo if self.fanouts.claim_rank_launch(t, attempt, lease_until, now)]
         if not claimed:
             return [], [], False  # another delivery is starting them
         started_by = group_started_by(job.job_id, attempt, call)
-        targets = {r.rank: self._target(r, moves) for r in claimed}
-        on_node = {targets[r.rank]["node"]: r for r in claimed}  # a call starts one rank a node
+        on_node = {t.node: t for t in claimed}  # a call starts one rank a node
         first = claimed[0]
-        tags = tags_for_attempt(first.tags, attempt)
+        tags = first.tags
         if call.grouped:
             tags = [t for t in tags if t.get("key") != TAG_RANK]
             tags.append({"key": TAG_RANKS, "value": ranks_tag_value(call.ranks)})
-        request = TaskRequest(first.task_definition_arn, started_by,
-                              overrides_for_attempt(first.overrides, attempt), tags, first.group or None)
+        request = TaskRequest(first.task_definition_arn, started_by, first.overrides, tags,
+                              first.group or None)
         started: list[int] = []
         complete = False
 
         def register(node: str, task_arn: str) -> None:
             nonlocal complete
-            rank = on_node[node]
-            complete |= self._register(job, rank, task_arn, targets[rank.rank], started_by)
-            started.append(rank.rank)
+            template = on_node[node]
+            complete |= Latch.REGISTERED in source.register(job, template, task_arn, started_by)
+            started.append(template.rank)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).
-        taken_over = any(r.launch_attempt == attempt for r in claimed)
-        unplaced = start_once(
-            self.ecs, request, {node: targets[r.rank]["arn"] for node, r in on_node.items()}, register,
-            look_up=call.nodes if taken_over else (), tries=self.settings.restart_start_retries,
-            network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        taken_over = any(t.launch_attempt == attempt for t in claimed)
+        # A restart's placement race is tried again at once; a queue launch not placed is requeued.
+        launch = intent_kind(job.start_fanout) == LAUNCH
+        tries = 1 if launch else self.settings.restart_start_retries
+        try:
+            unplaced = start_once(
+                self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
+                look_up=call.nodes if taken_over else (), tries=tries,
+                network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
+        except ClientError as error:
+            if not launch:
+                raise
+            # A queue launch's StartTask refused (its task definition or overrides: the launch
+            # fails; throttled: the sweep sends it again): the launch's end decides.
+            err = error.response.get("Error", {})
+            code, message = str(err.get("Code", "")), str(err.get("Message", ""))
+            return started, [(t, f"{code}: {message}", code) for node, t in on_node.items()
+                             if t.rank not in started], complete
         if unplaced:
-            logger.warning("restart placement failed", extra={
+            logger.warning("start placement failed", extra={
                 "job_id": job.job_id, "ranks": [on_node[node].rank for node in unplaced],
                 "reasons": dict(unplaced)})
         # ECS's reason per node (RESOURCE:GPU, AGENT, MISSING): the rank's, for its wait.
-        return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement")
+        return started, [(on_node[node], ", ".join(r for r in why if r) or "no placement", "")
                          for node, why in unplaced.items()], complete
-
-    def _register(self, job: Job, rank: Rank, task_arn: str, target: Mapping[str, str],
-                  started_by: str) -> bool:
-        arrival = self.ranks.register_restarted(
-            job, rank, task_arn=task_arn, container_instance_arn=target["arn"], ec2_instance_id=target["ec2"],
-            started_by=started_by)
-        return Latch.REGISTERED in arrival

@@ -42,7 +42,8 @@ from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, NotificationKind, relocated_queue_order
 from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.models import Job, Rank, Suspect
+from gpu_recovery.domain.models import Job, Suspect
+from gpu_recovery.domain.rank_template import RankTemplate
 from gpu_recovery.domain.relocation import (
     RelocationWait,
     SpareNode,
@@ -520,7 +521,7 @@ class GangRestart:
         return goodput.running_marks(max(running, last or 0.0))
 
     # ------------------------------------------------------------------ failing
-    def start_failed(self, job: Job, rank: Rank, why: str) -> None:
+    def start_failed(self, job: Job, rank: RankTemplate, why: str) -> None:
         """A rank of a claimed restart could not be placed. A placement race (``RESOURCE:*``,
         ``AGENT``, ``MISSING``: the node was taken, or away, between the look and StartTask)
         waits, STARTING, its lease released for the next try (the sweep's, or the node
@@ -531,17 +532,15 @@ class GangRestart:
         fresh = self.data.jobs.get_job(job.job_id) or job
         if fresh.state is not JobState.STARTING or fresh.attempt != job.attempt:
             return
-        moves = self.data.faults.placement(job.job_id, job.attempt) if job.relocated else {}
-        move = moves.get(rank.container_inst_id) or {}
-        node = str(move.get("node") or rank.container_inst_id)
-        ref = str(move.get("arn") or rank.container_instance_arn or node)
+        # The rank's node is where it was to start (a relocation's move included).
+        ref = rank.container_instance_arn or rank.node
         detail = f"{why}, held by {self.waits.holder(ref)}" if why.upper().startswith("RESOURCE") else why
-        outcome = self.waits.wait(fresh, {node: f"{detail} (StartTask)"})
+        outcome = self.waits.wait(fresh, {rank.node: f"{detail} (StartTask)"})
         if outcome.action in ("waiting", "duplicate"):
             self.gang.release_launch(rank, fresh.attempt)
 
-    def _fail_restart(self, job: Job, rank: Rank, why: str) -> None:
-        reason = (f"could not start rank {rank.rank} on {rank.container_inst_id} for attempt {job.attempt}: "
+    def _fail_restart(self, job: Job, rank: RankTemplate, why: str) -> None:
+        reason = (f"could not start rank {rank.rank} on {rank.node} for attempt {job.attempt}: "
                   f"{why}")
         notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gpu_recovery.domain.models import Instance, Job, Rank
+from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.rank_template import RankTemplate
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
 from gpu_recovery.repository.cordons import Worklist
@@ -82,11 +83,13 @@ class RanksStarted:
 
 @dataclass(frozen=True)
 class RankNotPlaced:
-    """A rank of a restart could not be placed (ECS refused the StartTask)."""
+    """A rank of a start intent could not be placed (ECS refused the StartTask): the rank as it
+    was to start (its node: where it was to go)."""
 
     job: Job
-    rank: Rank
+    rank: RankTemplate
     why: str
+    error_code: str = ""  # StartTask refused with this API error (a queue launch's only)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed
 from gpu_recovery.constants import GPU_RESET_GROUP, GPU_VALIDATION_GROUP
 from gpu_recovery.domain.fault_catalog import FaultCatalog, default_catalog
-from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import SuspendKind
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
@@ -26,6 +26,7 @@ from gpu_recovery.recovery.gang import BatchResult, GangBatch, GangOps, GangQueu
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
+from gpu_recovery.recovery.launch_templates import LaunchTemplates
 from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
@@ -45,6 +46,7 @@ from gpu_recovery.recovery.ports import (
 )
 from gpu_recovery.recovery.preflight.handover import PreflightHandover
 from gpu_recovery.recovery.preflight.rounds import Preflights
+from gpu_recovery.recovery.queue_launches import QueueLaunches, is_launch
 from gpu_recovery.recovery.ranks import RankOperations, RankRegistration
 from gpu_recovery.recovery.reactions import (
     AgentChanged,
@@ -103,18 +105,24 @@ class RecoveryService:
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         reactions = Reactions()
+        scheduling = SchedulingRepository(repo.jobs)
+        # A queue launch's ranks: the job's spec and its launch plan (the start fan-out's other source).
+        launch_templates = LaunchTemplates(repo.jobs, scheduling, repo.fanouts, repo.instances,
+                                           repo.registrations, repo.latches)
         self.gang = GangOps(repo.jobs, repo.fanouts, ecs, self.ranks, FaultRepository(repo.tables),
                             gang_queue, policy=policy, metrics=self._metrics, settings=settings,
-                            reactions=reactions)
+                            reactions=reactions, launches=launch_templates)
         suspension_items = SuspensionRepository(repo.jobs)
         self.suspensions = Suspensions(repo.jobs, suspension_items, notices, self.gang,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         holds = HeldJobs(repo, repo.breaker, notices, metrics=self._metrics, settings=settings)
-        restart_nodes = RestartNodes(repo, SchedulingRepository(repo.jobs), ecs)
+        restart_nodes = RestartNodes(repo, scheduling, ecs)
         self.restarts = GangRestart(repo, repo.restarts, ecs, notices, self.gang, holds, restart_nodes,
                                     suspension_items, policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
+        self.launches = QueueLaunches(repo.jobs, scheduling, repo.latches, repo.deadlines, self.gang,
+                                      self.restarts)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo.instances, ecs, notices, gate, metrics=self._metrics, reactions=reactions)
@@ -171,7 +179,8 @@ class RecoveryService:
                              validations=self.validations, lost_nodes=self.lost_nodes,
                              aws_notices=self.aws_notices,
                              suspects=self.suspects, settlement=settlement, resets=resets, cordons=cordons,
-                             holds=holds, notices=notices, metrics=self._metrics, settings=settings)
+                             holds=holds, notices=notices, metrics=self._metrics, settings=settings,
+                             launches=self.launches)
         reactions.declare(self._reactions())
 
     def _reactions(self) -> list[tuple[type, Handler]]:
@@ -190,9 +199,10 @@ class RecoveryService:
             on(HoldsDue, lambda e: self.placement.refresh(e.worklist, e.job_deadlines)),
             # A restart placed (or the job ended): its reservations go.
             on(ReservationsReleased, lambda e: self.placement.after_restart(e.job_id)),
-            # The gang fan-out reports back to the restart that asked it.
-            on(RanksStarted, lambda e: self.restarts.on_started(e.job)),
-            on(RankNotPlaced, lambda e: self.restarts.start_failed(e.job, e.rank, e.why)),
+            # The start fan-out reports back to the queue launch or the restart that asked it.
+            on(RanksStarted, lambda e: self._starter(e.job).on_started(e.job)),
+            on(RankNotPlaced, lambda e: self.launches.start_failed(e.job, e.rank, e.why, e.error_code)
+               if is_launch(e.job) else self.restarts.start_failed(e.job, e.rank, e.why)),
             # A verdict settled a fault, a node came back, a job must leave a node: its restart.
             on(RestartDue, lambda e: self.restarts.try_restart(e.job_id)),
             # A fault's first checks found nothing: the nodes whose exits followed are checked.
@@ -203,6 +213,10 @@ class RecoveryService:
             # A lost node flagged SUSPECT: its ECS agent's reconnect starts the stack's own check.
             on(AgentChanged, lambda e: self.lost_nodes.on_change(e.instance, e.detail)),
         ]
+
+    def _starter(self, job: Job) -> QueueLaunches | GangRestart:
+        """Whose start intent the job's is: a queue launch's, or a gang restart's."""
+        return self.launches if is_launch(job) else self.restarts
 
     @property
     def metrics(self) -> MetricsPort:
@@ -281,6 +295,11 @@ class RecoveryService:
         """One batch of a gang fan-out (the queue's worker); ValueError for a malformed body."""
         with clock.invocation_ends(time_left):
             return self.gang.run(GangBatch.from_body(body), receive_count=receive_count, time_left=time_left)
+
+    def start_ranks(self, job_id: str) -> bool:
+        """Send (or run) the start intent of a claimed queue launch (the scheduler's tick)."""
+        job = self.repo.jobs.get_job(job_id)
+        return job is None or bool(self.gang.start(job))
 
     def stop_gang(self, job_id: str) -> bool:
         """Send the job's stop intent (the jobs API's cancel commits it)."""

@@ -50,6 +50,7 @@ from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.preflight.rounds import Preflights
+from gpu_recovery.recovery.queue_launches import QueueLaunches, is_launch
 from gpu_recovery.recovery.reboots import Reboots
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement
 from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances, ReadsJob, ReadsNode
@@ -129,6 +130,7 @@ class Sweep:
     notices: Notices  # the outbox: an e-mail whose sender died
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
+    launches: QueueLaunches | None = None  # the queue launches' start intents
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -351,9 +353,13 @@ class Sweep:
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
+        if job.state is JobState.STARTING and self.launches is not None and is_launch(job):
+            # A queue launch: its intent sent again if its tick died; confirmed once every rank
+            # is registered (their RUNNING events lost).
+            return self.launches.resume(job)
         if job.state is JobState.STARTING:
-            # A queue launch: the scheduler's ledger drives it; its ranks' RUNNING events
-            # confirm it. Those events lost, every rank registered: confirm it here.
+            # A launch claimed before start intents (no intent): its ranks' RUNNING events confirm
+            # it. Those events lost, every rank registered: confirm it here.
             if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
                 return "launch_confirmed"
             repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)

@@ -145,8 +145,9 @@ class TaskEvents:
         if rank.state is RankState.STARTING:
             self.data.rank_events.mark_running(rank, ran)
         if rank.rank != 0 and started_by.is_restart(rank.started_by):
-            # A gang restart's rank: the batch that registered the last rank confirmed the job,
-            # and only rank 0's RUNNING marks the attempt's goodput: no job read per rank.
+            # A rank the start fan-out started: the batch that registered the last rank told the
+            # launch or the restart, and only rank 0's RUNNING confirms a launch or marks the
+            # attempt's goodput: no job read per rank.
             return Outcome("running", rank.job_id, {"rank": rank.rank})
         job = self.data.jobs.get_job(rank.job_id)
         if job and job.state is JobState.STARTING and job.attempt == rank.attempt \

@@ -8,11 +8,26 @@ sending went, so that a redelivery or the sweep sends what is unsent and nothing
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update
+from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb
+from gpu_recovery.repository.records import is_rank_item, rank_from_item
 from gpu_recovery.repository.tables import RecoveryTables
+
+#: The item a launch lease creates for a rank never started (no rank of its own yet).
+LEASE_ONLY = "RANK_LEASE"
+
+
+class RankKey(Protocol):
+    """A rank's item: its job and rank (a ``Rank``, or a ``RankTemplate`` to start)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
 
 
 class GangFanoutRepository:
@@ -62,24 +77,44 @@ class GangFanoutRepository:
             condition_names={"#f": "stop_fanout", "#a": "attempt", "#st": "job_state"})
         return self.db.apply(update)
 
-    def claim_rank_launch(self, rank: Rank, attempt: int, lease_until: float, now: float) -> bool:
-        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank item
-        of the previous attempt. A holder that died lets the lease expire; the next one
-        looks the task up by startedBy before starting it."""
+    def rank_items(self, job_id: str, first: int, last: int) -> tuple[list[Rank], dict[int, int]]:
+        """Ranks ``first`` to ``last - 1`` of a job as registered, and the attempt each rank's
+        launch lease is for (the lease-only items of ranks never started included)."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
+        ranks: list[Rank] = []
+        leases: dict[int, int] = {}
+        for raw in self.db.batch_get(self.job_table_name, keys):
+            item = from_ddb(raw)
+            rank = int(str(item[JOB_PK]).rsplit("#", 1)[1])
+            if item.get("launch_attempt") is not None:
+                leases[rank] = int(item["launch_attempt"])
+            if is_rank_item(item):
+                ranks.append(rank_from_item(item))
+        return sorted(ranks, key=lambda r: r.rank), leases
+
+    def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float) -> bool:
+        """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank's item,
+        which holds an earlier attempt's rank or none (a rank never started: the lease creates a
+        lease-only item, ``RANK_LEASE``, that readers of ranks skip until the rank is registered
+        over it). A holder that died lets the lease expire; the next one looks the task up by
+        startedBy before starting it."""
         return self.db.apply(Update(
             table=self.job_table_name,
             key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
             set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
-            condition=("#a = :prev AND (attribute_not_exists(#la) OR #la <> :a OR #lu < :now)"),
-            condition_values={":prev": attempt - 1, ":a": attempt, ":now": now},
-            condition_names={"#a": "attempt", "#la": "launch_attempt", "#lu": "launch_lease_until"},
+            set_if_absent={"item_type": LEASE_ONLY},
+            condition=("(attribute_not_exists(#a) OR #a < :a) "
+                       "AND (attribute_not_exists(#lu) OR #lu < :now)"),
+            condition_values={":a": attempt, ":now": now},
+            condition_names={"#a": "attempt", "#lu": "launch_lease_until"},
         ))
 
-    def release_rank_launch(self, rank: Rank, attempt: int) -> bool:
+    def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
         next try (the sweep's, or a node freeing) may start it (looking it up first)."""
         return self.db.apply(Update(
             table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_lease_until": 0}, condition="#a = :prev AND #la = :a",
-            condition_values={":prev": attempt - 1, ":a": attempt},
+            set_fields={"launch_lease_until": 0},
+            condition="(attribute_not_exists(#a) OR #a < :a) AND #la = :a",
+            condition_values={":a": attempt},
             condition_names={"#a": "attempt", "#la": "launch_attempt"}))

@@ -31,6 +31,7 @@ from gpu_recovery.domain.states import (
     RankState,
 )
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb, state_condition
+from gpu_recovery.repository.records import is_rank_item
 from gpu_recovery.repository.tables import RecoveryTables
 
 # The budgets a restart spends, and the job item's counter of each.
@@ -79,19 +80,21 @@ class JobsAndRanks(RecoveryTables):
 
     def get_rank(self, job_id: str, rank: int) -> Rank | None:
         item = self.db.get(self.job_table_name, {JOB_PK: rank_item_key(job_id, rank)})
-        return self.rank_from_item(item) if item else None
+        return self.rank_from_item(item) if item and is_rank_item(item) else None
 
     def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
         """Ranks ``first`` to ``last - 1`` of a job (one batch of a fan-out), by key."""
         keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
-        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)
+                 if is_rank_item(i)]
         return sorted(ranks, key=lambda r: r.rank)
 
     def get_ranks(self, job: Job) -> list[Rank]:
         """All rank items of a job, strongly consistent, by key (world_size items): for
         operators' views and small gangs, never per event of a large one."""
         keys = [{JOB_PK: rank_item_key(job.job_id, r)} for r in range(job.world_size)]
-        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)]
+        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)
+                 if is_rank_item(i)]
         return sorted(ranks, key=lambda r: r.rank)
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:

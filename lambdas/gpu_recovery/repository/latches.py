@@ -127,6 +127,12 @@ class LatchRepository:
         return {int(r) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
                 for r in from_ddb(item).get(Latch.REGISTERED.value) or ()}
 
+    def registered_not_ended(self, job_id: str, attempt: int, world_size: int) -> set[int]:
+        """The attempt's ranks registered and not ended yet (``ceil(n / 64)`` items)."""
+        items = [from_ddb(i) for i in self._shard_items(job_id, attempt, range(shard_count(world_size)))]
+        return ({int(r) for item in items for r in item.get(Latch.REGISTERED.value) or ()}
+                - {int(r) for item in items for r in item.get(Latch.ENDED.value) or ()})
+
     def addresses(self, job_id: str, attempt: int, ranks: Iterable[int]) -> dict[int, str]:
         """The preflight addresses ``ranks`` (a few group leaders) reported, by rank."""
         wanted = set(ranks)

@@ -92,6 +92,12 @@ def job_to_item(job: Job) -> dict[str, Any]:
     )
 
 
+def is_rank_item(item: Mapping[str, Any]) -> bool:
+    """A rank's item, not the launch lease alone of a rank never started (``gang_fanouts``:
+    it has no rank until the rank is registered over it)."""
+    return "rank_state" in item
+
+
 def rank_from_item(item: Mapping[str, Any]) -> Rank:
     item = from_ddb(dict(item))
     return Rank(

@@ -72,8 +72,9 @@ class RegistrationRepository:
         return self.db.put_conditional(
             self.job_table_name,
             self.jobs.rank_to_item(rank),
-            "attribute_not_exists(#k) OR (#a < :a) OR (#a = :a AND #t <> :t AND #s IN (:starting))",
-            {"#k": JOB_PK, "#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
+            # A rank never started may hold only its launch lease (``gang_fanouts``): no attempt.
+            "attribute_not_exists(#a) OR (#a < :a) OR (#a = :a AND #t <> :t AND #s IN (:starting))",
+            {"#a": "attempt", "#t": JOB_BY_TASK_PK, "#s": "rank_state"},
             {":a": rank.attempt, ":t": rank.task_arn, ":starting": RankState.STARTING.value},
         )
 

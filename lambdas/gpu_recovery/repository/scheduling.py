@@ -1,9 +1,11 @@
-"""Persistence of the queue scheduler: its lease, the launch ledger, the queue head and
-the launch transitions of a job (claim with its quota charge, finish, requeue, fail).
+"""Persistence of the queue scheduler: its lease, the queue head and the launch transitions
+of a job (claim with its quota charge and its start intent, finish, requeue, fail).
 
-The lease item (``SCHEDULER#LEASE`` in the job table) carries the ledger of launches
-in flight (``inflight.<job_id>``), written in the same transaction as a job's claim, so
-a tick that dies anywhere leaves exactly the launches it must resume.
+A launch's claim commits the intent to start every rank (``start_fanout``, kind ``launch``)
+with the job's transition, as a gang restart's claim does: the recovery's start fan-out
+(``recovery.gang``) starts the ranks, and the recovery sweep sends an intent a dead tick left
+unsent again. An aborted launch's transition commits the intent to stop what it started
+(``stop_fanout``), which the same sweep drives to its end.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_BY_QUEUE_INDEX,
     JOB_PK,
@@ -20,6 +23,7 @@ from gpu_recovery.constants import (
     job_item_key,
     launch_plan_key,
 )
+from gpu_recovery.domain.rank_template import LAUNCH
 from gpu_recovery.domain.states import (
     ENDING_JOB_STATES,
     RECOVERING_JOB_STATES,
@@ -33,8 +37,10 @@ from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository
 
 LEASE_KEY = "SCHEDULER#LEASE"
 PLAN_CHUNK = 80  # ranks per launch-plan item (~10 KB)
-# A launch the recovery sweep looks at (then every minute) unless its ranks confirm it first.
-LAUNCH_BACKSTOP_SECONDS = 300
+# A launch the recovery sweep looks at (then every minute) unless its ranks confirm it first: it
+# sends an intent a dead tick left unsent again.
+LAUNCH_BACKSTOP_SECONDS = 120
+STOP_SWEEP_SECONDS = 60  # an aborted launch's stop intent: the sweep's first look
 # Sorted: the condition's placeholders (and so the request) are the same every time.
 _ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
 _STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
@@ -49,41 +55,22 @@ class SchedulingRepository:
         self.holding = holding  # quota charges (None: no quota table, nothing charged)
 
     # ----------------------------------------------------------------- lease
-    def acquire_lease(self, owner: str, now: float, seconds: float) -> dict[str, dict[str, Any]] | None:
-        """Take (or renew) the one scheduler lease; the ledger on it is never erased. Returns
-        that ledger as the lease was taken (:meth:`ledger_entries` of the item as written:
-        ReturnValues=ALL_NEW, so no GetItem follows), None when another tick holds the lease."""
-        item = self.db.apply_returning(Update(
+    def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
+        """Take (or renew) the one scheduler lease: False when another tick holds it."""
+        return self.db.apply(Update(
             table=self.table, key={JOB_PK: LEASE_KEY},
             set_fields={"owner": owner, "expires_at": now + seconds, "acquired_at": now,
                         "item_type": "LEASE"},
-            set_if_absent={"inflight": {}},
             condition="attribute_not_exists(#k) OR #e < :now OR #o = :me",
             condition_values={":now": to_ddb(now), ":me": owner},
             condition_names={"#k": JOB_PK, "#e": "expires_at", "#o": "owner"},
-        ), returning="ALL_NEW")
-        return None if item is None else _ledger_of(item)
+        ))
 
     def release_lease(self, owner: str) -> bool:
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: LEASE_KEY}, set_fields={"expires_at": 0},
             condition="#o = :me", condition_values={":me": owner}, condition_names={"#o": "owner"},
         ))
-
-    # ---------------------------------------------------------------- ledger
-    def ledger_entries(self) -> dict[str, dict[str, Any]]:
-        """The ledger as it is now (a tick reads it with its lease: :meth:`acquire_lease`)."""
-        return _ledger_of(self.db.get(self.table, {JOB_PK: LEASE_KEY}) or {})
-
-    def bump_resumes(self, job_id: str) -> bool:
-        return self.db.apply(Update(
-            table=self.table, key={JOB_PK: LEASE_KEY}, increments={f"inflight.{job_id}.resumes": 1},
-            condition="attribute_exists(#i.#j)", condition_names={"#i": "inflight", "#j": job_id}))
-
-    def launch_done(self, job_id: str) -> bool:
-        return self.db.apply(Update(
-            table=self.table, key={JOB_PK: LEASE_KEY}, remove_fields=[f"inflight.{job_id}"],
-            condition="attribute_exists(#i)", condition_names={"#i": "inflight"}))
 
     # --------------------------------------------------------------- reads
     def job_item(self, job_id: str) -> dict[str, Any] | None:
@@ -107,12 +94,32 @@ class SchedulingRepository:
                 return
             kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
-    def jobs_in_recovery(self) -> list[dict[str, Any]]:
+    def deadline_job_items(self) -> list[dict[str, Any]]:
+        """Every job item carrying a deadline (the sparse index: jobs in recovery, launches and
+        restarts in progress, stops being driven), read once for a tick's snapshot."""
+        return self.repo.deadlines.job_items()
+
+    def jobs_in_recovery(self, deadline_items: Sequence[Mapping[str, Any]] | None = None
+                         ) -> list[dict[str, Any]]:
         """Jobs in PENDING_HEALTHCHECK / PENDING_RESTART / HELD: they carry a deadline, so the
         sparse deadline index lists them (as many items as jobs in recovery)."""
         states = {s.value for s in RECOVERING_JOB_STATES}
-        return [from_ddb(dict(i)) for i in self.repo.deadlines.job_items()
+        items = self.repo.deadlines.job_items() if deadline_items is None else deadline_items
+        return [from_ddb(dict(i)) for i in items
                 if i.get("item_type") == "JOB" and i.get("job_state") in states]
+
+    @staticmethod
+    def launches_in_progress(deadline_items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Queue launches claimed and not complete (STARTING with a launch's start intent): each
+        holds its planned nodes until its ranks are placed."""
+        found = []
+        for raw in deadline_items:
+            item = from_ddb(dict(raw))
+            intent = item.get("start_fanout") or {}
+            if item.get("item_type") == "JOB" and item.get("job_state") == JobState.STARTING.value \
+                    and intent.get("kind") == LAUNCH and item.get("launched_at") is None:
+                found.append(item)
+        return found
 
     def jobs_holding_nodes(self, deadline_items: Sequence[Mapping[str, Any]] | None = None
                            ) -> list[dict[str, Any]]:
@@ -155,12 +162,20 @@ class SchedulingRepository:
                     nodes[first + i], ec2[first + i] = str(node), str(ec2_id)
         return nodes, ec2
 
-    def yield_launch(self, job_id: str) -> bool:
-        """A launch cut short by its tick's time budget (not a dead tick): the next tick
-        resumes it without waiting for it to go stale."""
-        return self.db.apply(Update(
-            table=self.table, key={JOB_PK: LEASE_KEY}, set_fields={f"inflight.{job_id}.claimed_at": 0},
-            condition="attribute_exists(#i.#j)", condition_names={"#i": "inflight", "#j": job_id}))
+    def plan_range(self, job_id: str, attempt: int, first: int, last: int) -> tuple[list[str], list[str]]:
+        """The launch plan's nodes and EC2 instance ids of ranks ``first`` to ``last - 1`` (a
+        start batch: one plan item when it is aligned on PLAN_CHUNK)."""
+        chunks = range(first // PLAN_CHUNK, -(-last // PLAN_CHUNK))
+        keys = [{JOB_PK: launch_plan_key(job_id, attempt, c)} for c in chunks]
+        nodes, ec2 = [""] * (last - first), [""] * (last - first)
+        for item in self.db.batch_get(self.table, keys):
+            item = from_ddb(item)
+            start = int(item.get("first") or 0)
+            pairs = zip(item.get("nodes") or [], item.get("ec2_instance_ids") or [], strict=False)
+            for i, (node, ec2_id) in enumerate(pairs):
+                if first <= start + i < last:
+                    nodes[start + i - first], ec2[start + i - first] = str(node), str(ec2_id)
+        return nodes, ec2
 
     def claim_launch(self, job_id: str, current_attempt: int | None, attempt: int, plan: dict[str, Any],
                      now: float, owner: str, reason: str,
@@ -168,8 +183,9 @@ class SchedulingRepository:
                      charge: ChargeClaim | None = None, resumed: bool = False,
                      plan_items: Sequence[Update] = ()) -> bool:
         """QUEUED / PENDING_RESOURCES / SUSPENDED -> STARTING with ``attempt``, out of the
-        queue index, the ledger entry and the quota charge, in one transaction (only while
-        the lease is ours, and only if the quota still has room). A job the recovery loop
+        queue index, the intent to start its ranks (``start_fanout``, kind launch) and the quota
+        charge, in one transaction (only while the lease is ours, and only if the quota still
+        has room). A job the recovery loop
         relocated records where its ranks moved (``relocations``); a suspended job resumed
         counts it (``resume_count``)."""
         extra: dict[str, Any] = {"relocations": list(relocations)} if relocations is not None else {}
@@ -193,21 +209,22 @@ class SchedulingRepository:
             attempt=current_attempt,
             extra_condition=" AND ".join(conditions), extra_names=names,
             reason=reason, actor="scheduler",
-            # In the deadline index while it starts (the recovery sweep's backstop: it confirms a
-            # launch whose ranks' RUNNING events were lost, docs/recovery-loop.md).
+            # In the deadline index while it starts: the recovery sweep sends its start intent
+            # again if a dead tick left it unsent, and confirms a launch whose ranks' RUNNING
+            # events were lost (docs/recovery-loop.md).
             set_fields={"attempt": attempt, "launch": plan, "launch_claimed_at": now, **extra,
+                        "start_fanout": {"attempt": attempt, "at": now, "kind": LAUNCH},
                         **self.repo.job_deadline_fields(now + LAUNCH_BACKSTOP_SECONDS)},
             increments={"resume_count": 1} if resumed else None,
             remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held",
                            *(["relocation"] if "relocations" in extra else [])],
         )
-        ledger = Update(
-            table=self.table, key={JOB_PK: LEASE_KEY},
-            set_fields={f"inflight.{job_id}": {"attempt": attempt, "claimed_at": now, "resumes": 0}},
-            condition="#owner = :owner AND attribute_exists(#inflight)",
-            condition_values={":owner": owner}, condition_names={"#owner": "owner", "#inflight": "inflight"},
+        lease = Update(  # only while the lease is ours
+            table=self.table, key={JOB_PK: LEASE_KEY}, set_fields={"claimed_at": now},
+            condition="#owner = :owner", condition_values={":owner": owner},
+            condition_names={"#owner": "owner"},
         )
-        return self.db.transact([claim, ledger, *updates, *plan_items])
+        return self.db.transact([claim, lease, *updates, *plan_items])
 
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
@@ -223,33 +240,43 @@ class SchedulingRepository:
 
     def requeue_after_failed_launch(self, job_id: str, attempt: int, *, reason: str, queue_order: str,
                                     not_before: float, resource_failures: int,
-                                    attempts: Sequence[Mapping[str, Any]]) -> bool:
+                                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "") -> bool:
         """Back to PENDING_RESOURCES at its original queue position, after a back-off.
-        From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs."""
+        From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs.
+        ``stop_why``: the intent to stop the ranks the launch started, in the same write (the
+        job is not admitted again until it ends: the recovery sweep drives it)."""
+        now = clock.now()
         return self.db.apply(self.repo.job_transition(
             job_id, JobState.PENDING_RESOURCES, from_states=_STARTED,
             attempt=attempt, reason=reason, actor="scheduler",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
-                        "last_error": reason[:1000]},
-            remove_fields=["launch_claimed_at", *DEADLINE_ATTRIBUTES],
+                        "last_error": reason[:1000], **self._stop_fields(attempt, stop_why, now)},
+            remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
         ))
 
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
-                    attempts: Sequence[Mapping[str, Any]]) -> bool:
+                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "") -> bool:
+        now = clock.now()
         return self.db.apply(self.repo.job_transition(
             job_id, JobState.FAILED, from_states=_STARTED, attempt=attempt,
             reason=reason, actor="scheduler",
             set_fields={"attempts": list(attempts), "last_error": reason[:1000],
-                        "failure_kind": failure_kind},
-            remove_fields=["launch_claimed_at", *DEADLINE_ATTRIBUTES],
+                        "failure_kind": failure_kind, **self._stop_fields(attempt, stop_why, now)},
+            remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
         ))
+
+    def _stop_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:
+        """An aborted launch's stop intent (``aborted_launch``: it ends once every rank the
+        launch registered ended, ``recovery.gang``), with a deadline for the sweep."""
+        if not why:
+            return {}
+        fields = self.repo.stop_fanout_fields(attempt, why, now)
+        # Not a remediation: stopped in every remediation mode (as a cancel's stop).
+        fields["stop_fanout"].update(aborted_launch=True, remediation=False)
+        return {**fields, **self.repo.job_deadline_fields(now + STOP_SWEEP_SECONDS)}
 
     def cancel_unlaunched(self, job_id: str, reason: str) -> bool:
         """CANCELING with no live rank: no STOPPED event will finish the cancel."""
         return self.repo.mark_job_canceled(job_id, reason, actor="scheduler")
 
-
-def _ledger_of(lease_item: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The launch ledger (``inflight``: job id -> entry) of the lease item."""
-    return dict(from_ddb(dict(lease_item.get("inflight") or {})))

@@ -1,0 +1,212 @@
+"""Stage: a queue launch's outcome, told by the start fan-out that starts its ranks
+(``recovery.gang``, intent kind ``launch``: the scheduler's claim committed it).
+
+* every rank registered (``RanksStarted``): the launch is complete (``launched_at``, the
+  attempt's entry); the job goes RUNNING when its ranks run (the task events, or here when
+  rank 0 ran first);
+* a rank not placed (``RankNotPlaced``): the launch is aborted. A placement failure
+  (``RESOURCE:GPU``, a node gone ...) is INSUFFICIENT_RESOURCES: the job goes back to
+  PENDING_RESOURCES at its original (a relocated job's ahead of its priority) queue order, after
+  a back-off (60 s doubling to 10 min); anything else fails it. The abort's transition commits
+  the intent to stop the ranks already started (``stop_fanout``): the stop fan-out stops them and
+  the sweep drives it to its end; the job is not admitted again before.
+* the sweep (:meth:`QueueLaunches.resume`): a launch whose ranks are all registered is
+  completed (their events lost); one whose intent was never sent (its tick died) or has not
+  finished after a while is sent again (batches skip what is done).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gpu_recovery import clock
+from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, queue_order, relocated_queue_order
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.rank_template import LAUNCH, RankTemplate, intent_kind
+from gpu_recovery.domain.states import JobState, RankState
+from gpu_recovery.recovery.gang import GangOps
+from gpu_recovery.recovery.gang_restart import RESEND_AFTER_SECONDS, GangRestart
+from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.scheduling import SchedulingRepository
+
+if TYPE_CHECKING:
+    from gpu_recovery.queue.admission import FailureKind
+
+logger = logging.getLogger(__name__)
+
+# A launch not complete after this many resends of its intent (and one more per 256 ranks) fails.
+MAX_LAUNCH_RESENDS = 3
+
+
+class LaunchInterrupted(Exception):
+    """A launch's StartTask failed with a transient error: nothing decided, tried again later."""
+
+
+def is_launch(job: Job) -> bool:
+    """The job's start intent is a queue launch's (not a gang restart's)."""
+    return bool(job.start_fanout) and intent_kind(job.start_fanout) == LAUNCH
+
+
+class LaunchData(Protocol):
+    """A launch's job and its rank 0."""
+
+    def get_job(self, job_id: str) -> Job | None: ...
+    def get_rank(self, job_id: str, rank: int) -> Rank | None: ...
+
+
+class RearmsJob(Protocol):
+    def rearm_job(self, job: Job, deadline_at: float) -> bool: ...
+
+
+@dataclass(eq=False, repr=False)
+class QueueLaunches:
+    data: LaunchData
+    store: SchedulingRepository  # the launch's transitions (finish, requeue, fail)
+    latches: LatchRepository
+    deadlines: RearmsJob
+    gang: GangOps
+    restarts: GangRestart  # STARTING -> RUNNING once every rank is registered
+
+    # ------------------------------------------------------------- completion
+    def on_started(self, job: Job) -> bool:
+        """Every rank of the launch registered: the launch is complete (once); RUNNING too if
+        rank 0 already runs (its RUNNING event came before the last registration)."""
+        # The queue's attempt records: imported here, only a launch's end needs them (every
+        # recovery function builds this stage; their cold starts load no queue module).
+        from gpu_recovery.queue.attempts import with_entry
+
+        item = self.store.job_item(job.job_id) or {}
+        if int(item.get("attempt") or 0) != job.attempt or item.get("launched_at") is not None:
+            return False
+        now = clock.now()
+        entry = {"attempt": job.attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": None,
+                 "outcome": "STARTED", "failure_kind": "", "reason": ""}
+        attempts = with_entry(item.get("attempts"), entry)
+        if not self.store.finish_launch(job.job_id, job.attempt, attempts, now):
+            # Canceled (or ended) meanwhile: its stop intent sent again, for the ranks registered
+            # after the cancel read them.
+            fresh = self.data.get_job(job.job_id)
+            if fresh is not None and fresh.stop_fanout:
+                self.gang.stop(fresh)
+            return False
+        logger.info("job launched", extra={"job_id": job.job_id, "attempt": job.attempt})
+        rank0 = self.data.get_rank(job.job_id, 0)
+        if rank0 is not None and rank0.attempt == job.attempt and rank0.state is RankState.RUNNING:
+            self.restarts.confirm_running(job, "every rank registered, rank 0 running")
+        return True
+
+    # ---------------------------------------------------------------- abort
+    def start_failed(self, job: Job, rank: RankTemplate, why: str, error_code: str = "") -> None:
+        """A rank of the launch could not be placed: the launch is aborted (requeued or failed),
+        the ranks it started stopped through the stop fan-out. Its StartTask refused with an API
+        error (``error_code``): a task definition or override error fails it (USER_ERROR), a
+        transient one leaves it to the sweep's resend."""
+        from gpu_recovery.queue.admission import FailureKind, classify_failure  # as on_started's import
+
+        # Not started: its lease ends now, for the next start to take.
+        self.gang.release_launch(rank, job.attempt)
+        if error_code:
+            kind = classify_failure(error_code=error_code, error_message=why)
+            if kind is FailureKind.UNKNOWN:
+                # Throttled, or ECS unavailable: the start fails (the tick's outcome is
+                # "interrupted", a queued batch is delivered again), the sweep sends it again.
+                raise LaunchInterrupted(f"launch of {job.job_id} interrupted: {why}")
+            self.abort(job, kind, why)
+            return
+        reasons = [r.strip() for r in why.split(",") if r.strip()] if why != "no placement" else []
+        kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
+        self.abort(job, kind, f"StartTask on {rank.container_instance_arn} failed: {why}")
+
+    def abort(self, job: Job, kind: FailureKind, reason: str) -> str:
+        """End the launch short: requeued (INSUFFICIENT_RESOURCES) or failed; its started ranks
+        stopped (the intent in the same write, sent at once)."""
+        from gpu_recovery.queue.admission import FailureKind, backoff_seconds  # as on_started's import
+        from gpu_recovery.queue.attempts import with_entry
+
+        item = self.store.job_item(job.job_id) or {}
+        if int(item.get("attempt") or 0) != job.attempt:
+            return "raced"
+        now = clock.now()
+        entry = {"attempt": job.attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
+                 "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
+        attempts = with_entry(item.get("attempts"), entry)
+        stop_why = f"launch of attempt {job.attempt} failed ({kind.value})"
+        if kind is FailureKind.INSUFFICIENT_RESOURCES:
+            failures = int(item.get("resource_failures", 0)) + 1
+            delay = backoff_seconds(failures)
+            ordered = relocated_queue_order if (item.get("launch") or {}).get("relocated") else queue_order
+            order = ordered(int(item.get("priority", 0)), float(item.get("submitted_at", 0.0)), job.job_id)
+            applied = self.store.requeue_after_failed_launch(
+                job.job_id, job.attempt, reason=f"start failed ({kind.value}): {reason}; retry in {delay} s",
+                queue_order=order, not_before=now + delay, resource_failures=failures, attempts=attempts,
+                stop_why=stop_why)
+            action = "requeued"
+        else:
+            applied = self.store.fail_launch(job.job_id, job.attempt,
+                                             reason=f"start failed ({kind.value}): {reason}",
+                                             failure_kind=kind.value, attempts=attempts, stop_why=stop_why)
+            action = "failed"
+        if applied:
+            logger.warning("launch failed", extra={"job_id": job.job_id, "attempt": job.attempt,
+                                                   "kind": kind.value, "reason": reason, "action": action})
+        fresh = self.data.get_job(job.job_id)
+        if fresh is None or not fresh.stop_fanout:
+            return action if applied else "raced"
+        # Typically a cancel that landed during the launch when not applied: its own stop intent,
+        # sent again (a rank registered after the cancel read the ranks is stopped too).
+        try:
+            sent = self.gang.stop(fresh)
+        except Exception:  # the sweep sends an unsent stop intent
+            logger.warning("stop of an aborted launch not sent; the sweep sends it", exc_info=True,
+                           extra={"job_id": job.job_id})
+            return action if applied else "raced"
+        if sent and self.gang.inline(fresh):
+            # Every start of the launch ran in this invocation and ECS took every stop: nothing of
+            # it is left to stop (as a failed launch was, before the start fan-out), and the job
+            # may be admitted again after its back-off. A cancel's own intent ends with its ranks.
+            if applied:
+                self.gang.stopped(fresh, job.attempt)
+            elif fresh.state is JobState.CANCELING and not self._live_ranks(fresh):
+                self.store.cancel_unlaunched(job.job_id, "canceled before any rank of the launch was running")
+        return action if applied else "raced"
+
+    def _live_ranks(self, job: Job) -> bool:
+        return any(r.attempt == job.attempt and r.is_live for r in self.gang.data.get_rank_range(
+            job.job_id, 0, job.world_size))
+
+    # ---------------------------------------------------------------- sweep
+    def resume(self, job: Job) -> str:
+        """The sweep: complete a launch whose ranks are all registered, send its intent again if
+        it was never sent or has not finished after a while."""
+        if Latch.REGISTERED in self.latches.complete(job.job_id, job.attempt, job.world_size):
+            self.on_started(job)
+            if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
+                return "launch_confirmed"
+        now = clock.now()
+        # A launch that never completes (its StartTasks failing over and over) ends, as a queue
+        # launch resumed that often did before the start fan-out.
+        claimed_at = float(job.start_fanout.get("at") or now)
+        give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
+        if is_launch(job) and now >= give_up_at:
+            from gpu_recovery.queue.admission import FailureKind  # as on_started's import
+
+            self.abort(job, FailureKind.UNKNOWN, f"launch did not complete after {int(now - claimed_at)} s")
+            return "launch_given_up"
+        action = "launch_waiting"
+        sent_at = float(job.start_fanout.get("sent_at") or 0.0)
+        if is_launch(job) and (not sent_at or now >= sent_at + RESEND_AFTER_SECONDS):
+            action = "launch_resuming"
+            try:
+                self.gang.start(job)
+            except Exception:
+                logger.warning("launch not resent; the sweep tries again", exc_info=True,
+                               extra={"job_id": job.job_id})
+        fresh = self.data.get_job(job.job_id)
+        if fresh is not None and fresh.state is JobState.STARTING and fresh.attempt == job.attempt:
+            self.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
+        return action
+
+
