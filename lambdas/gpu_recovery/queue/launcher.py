@@ -28,7 +28,7 @@ the job this tick. AWS is reached through the adapters ``runtime.queue_scheduler
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -127,11 +127,12 @@ class Launcher:
         self.task_definitions = task_definitions
         self.hosts = hosts
 
-    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode], charge: ChargeClaim | None = None, *,
-               time_left: Callable[[], float] | None = None) -> LaunchOutcome:
+    def launch(self, item: Mapping[str, Any], nodes: list[PlacedNode],
+               charge: ChargeClaim | None = None) -> LaunchOutcome:
         """Claim the job for a new attempt on ``nodes`` (rank i on nodes[i]), with its quota
-        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1).
-        ``time_left``: of the tick's budget (unused: a launch past the inline size is queued)."""
+        ``charge``, and start it. A SUSPENDED job is resumed (``RESUME_COUNT`` + 1). Only a launch
+        of at most ``gang_inline_max_ranks`` ranks runs its starts in this tick; a larger one's go
+        to the gang queue, so the tick's time budget does not bound a launch."""
         item = from_ddb(dict(item))
         job_id = item["job_id"]
         try:

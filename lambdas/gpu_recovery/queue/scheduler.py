@@ -239,7 +239,7 @@ class QueueScheduler:
                     elif step.kind is StepKind.ADMIT:
                         charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
                         outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
-                                                       charge=charge, time_left=time_left)
+                                                       charge=charge)
                         self._record(result, outcome)
                     else:
                         unplaced += 1
