@@ -149,11 +149,15 @@ class GangOps:
     def inline(self, job: Job) -> bool:
         return self.queue is None or job.world_size <= self.settings.gang_inline_max_ranks
 
-    def stop(self, job: Job, *, round_: int = 0, look_up_missing: bool = True) -> Dispatched:
+    def stop(self, job: Job, *, round_: int = 0, look_up_missing: bool = True,
+             resend: bool = False) -> Dispatched:
         """Send (or run) the batches of the job's stop intent; true once all were sent.
         ``look_up_missing=False`` (a caller whose role lists no tasks: the control API's
         preflight handover): with a rank not registered, nothing is sent and the sweep stops
-        the gang (it finds the rank by its tags first)."""
+        the gang (it finds the rank by its tags first). ``resend``: the sweep's send of an intent
+        no send confirmed; run inline, its batches run as redelivered ones, since the send that
+        died may have marked a rank and not asked its StopTask (a queued batch that died is
+        delivered again by SQS itself)."""
         intent = job.stop_fanout
         if not intent:
             return Dispatched(True)
@@ -175,7 +179,7 @@ class GangOps:
                 return Dispatched(False)
             self.metrics.add_metric("GangBatchesSent", "Count", len(work))
             return Dispatched(True)
-        sent = self._dispatch(job, work)
+        sent = self._dispatch(job, work, receive_count=2 if resend else 1)
         if not sent:
             return sent
         now = clock.now()
@@ -196,9 +200,9 @@ class GangOps:
             self.fanouts.record_sent(job, "start_fanout", attempt, clock.now())
         return sent
 
-    def _dispatch(self, job: Job, work: list[GangBatch]) -> Dispatched:
+    def _dispatch(self, job: Job, work: list[GangBatch], *, receive_count: int = 1) -> Dispatched:
         if self.inline(job):
-            results = [self.run(batch, receive_count=1) for batch in work]
+            results = [self.run(batch, receive_count=receive_count) for batch in work]
             return Dispatched(all(r.done for r in results), [r for res in results for r in res.stopped])
         assert self.queue is not None
         self.queue.send([b.body() for b in work])
@@ -215,7 +219,7 @@ class GangOps:
             self.fanouts.end_stop(job, attempt)
             return "stopped"
         if not intent.get("sent_at"):
-            return "stop_sent" if self.stop(job) else "stop_pending"
+            return "stop_sent" if self.stop(job, resend=True) else "stop_pending"
         rounds = int(intent.get("rounds") or 0)
         if rounds >= MAX_STOP_ROUNDS:
             if job.state.is_terminal:
