@@ -31,7 +31,6 @@ def saved_once(checkpoints: int) -> list[str]:
     return [] if checkpoints == 1 else [f"rank 0 saved {checkpoints} checkpoint(s) (want 1)"]
 
 
-
 def one_move(job: Mapping[str, Any]) -> list[str]:
     """The problem of a moved job's moves: not one, made at its checkpoint."""
     moves = [m.get("outcome") for m in job.get("moves") or []]
