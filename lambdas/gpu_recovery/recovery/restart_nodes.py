@@ -5,7 +5,9 @@
   gang restart has placed every rank (STARTING, until RUNNING) or it ends: the nodes of the
   fault's attempt (its latch shards, ``ceil(n / 64)`` reads) and its relocation's targets (the
   placement item). No other placement of the stack's takes them, and they carry the
-  ``reserved`` placement value for every other scheduler (``recovery.placement``). With them:
+  ``reserved`` placement value for every other scheduler (``recovery.placement``). A queue
+  launch in progress (STARTING, its ranks being started) holds the nodes its plan gave them
+  (one read of the plan per launch in progress). With them:
   the relocatable jobs waiting for a free node (``RelocationWait``), oldest first.
 * :meth:`RestartNodes.free_for` — one cluster snapshot (ListContainerInstances + Describe by
   100, the instance items), then a healthy free node for each node a relocating job leaves
@@ -109,7 +111,10 @@ class RestartNodes:
             if other.job_id == except_job:
                 continue
             out.jobs.add(other.job_id)
-            for node in sorted(self.nodes_of(other)):
+            # A queue launch in progress: the nodes its plan gave its ranks (one read of the plan
+            # per launch in progress), started or not yet.
+            planned = self.scheduling.planned_nodes(item)
+            for node in sorted(self.nodes_of(other) | planned):
                 out.nodes.setdefault(node, other.job_id)
             if other.relocation_wait is not None and other.state is JobState.PENDING_RESTART:
                 out.waits.append(other.relocation_wait)

@@ -23,6 +23,7 @@ from gpu_recovery.constants import (
     job_item_key,
     launch_plan_key,
 )
+from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.domain.rank_template import LAUNCH
 from gpu_recovery.domain.states import (
     ENDING_JOB_STATES,
@@ -123,16 +124,27 @@ class SchedulingRepository:
 
     def jobs_holding_nodes(self, deadline_items: Sequence[Mapping[str, Any]] | None = None
                            ) -> list[dict[str, Any]]:
-        """The jobs in recovery (:meth:`jobs_in_recovery`) and the gang restarts not placed
-        yet (STARTING with the recovery loop's restart of that attempt): each holds its nodes
-        until every rank is placed. Both carry a deadline: one read of the sparse index
-        (``deadline_items``: that read, as the caller just made it)."""
+        """The jobs in recovery (:meth:`jobs_in_recovery`), the gang restarts not placed
+        yet (STARTING with the recovery loop's restart of that attempt) and the queue launches in
+        progress (:meth:`launches_in_progress`: their nodes are the plan's, :meth:`planned_nodes`):
+        each holds its nodes until every rank is placed. All carry a deadline: one read of the
+        sparse index (``deadline_items``: that read, as the caller just made it)."""
         items = self.repo.deadlines.job_items() if deadline_items is None else deadline_items
         states = {s.value for s in RECOVERING_JOB_STATES}
+        launching = {str(i["job_id"]) for i in self.launches_in_progress(items)}
         return [from_ddb(dict(i)) for i in items if i.get("item_type") == "JOB" and (
-            i.get("job_state") in states
+            i.get("job_state") in states or str(i.get("job_id")) in launching
             or (i.get("job_state") == JobState.STARTING.value
                 and int(i.get("restarted_attempt") or -1) == int(i.get("attempt") or 0)))]
+
+    def planned_nodes(self, item: Mapping[str, Any]) -> set[str]:
+        """The nodes (container instance ids) a queue launch in progress planned its ranks on:
+        one BatchGetItem of its plan items (one per PLAN_CHUNK ranks); none for any other job."""
+        if not self.launches_in_progress([item]):
+            return set()
+        world_size = int((item.get("launch") or {}).get("world_size") or item.get("world_size") or 1)
+        arns, _ = self.plan_nodes(str(item["job_id"]), int(item.get("attempt") or 0), world_size)
+        return {container_instance_id(arn) for arn in arns if arn}
 
     # ----------------------------------------------------------- launches
     def plan_updates(self, job_id: str, attempt: int, nodes: Sequence[str],
