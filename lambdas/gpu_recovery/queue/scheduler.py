@@ -58,6 +58,7 @@ from gpu_recovery.queue.launcher import (
     StartsRanks,
     TaskDefinitionPort,
 )
+from gpu_recovery.queue.ledger_drain import EndsLaunches, LedgerDrain, StopsOrphans
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
 from gpu_recovery.queue.time_sharing import SuspendPort, TimeSharing, subject_of
 from gpu_recovery.recovery.free_nodes import unhandled_stops
@@ -91,6 +92,7 @@ class TickResult:
     demoted: list[str] = field(default_factory=list)
     nodes_seen: int = 0
     stop_reason: str = ""
+    drained: list[dict[str, str]] = field(default_factory=list)  # an older release's launches ended
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -105,10 +107,14 @@ class Lease:
         self._store = store
         self.owner = owner or uuid.uuid4().hex
         self.seconds = seconds
+        self.ledger: dict[str, dict[str, Any]] = {}
 
     def acquire(self) -> bool:
-        """Take (or renew) the lease: False when another tick holds it."""
-        return self._store.acquire_lease(self.owner, clock.now(), self.seconds)
+        """Take (or renew) the lease: False when another tick holds it. ``ledger``: an older
+        release's launch ledger found on it (``queue.ledger_drain``)."""
+        ledger = self._store.acquire_lease(self.owner, clock.now(), self.seconds)
+        self.ledger = ledger or {}
+        return ledger is not None
 
     def release(self) -> None:
         self._store.release_lease(self.owner)
@@ -178,7 +184,8 @@ class SchedulerNodes(Protocol):
 class QueueScheduler:
     def __init__(self, repo: SchedulerData, store: SchedulingRepository, launcher: Launcher,
                  cluster: ClusterReader, lease: Lease, config: SchedulerConfig | None = None,
-                 sharing: TimeSharing | None = None, quotas: QuotaRepository | None = None) -> None:
+                 sharing: TimeSharing | None = None, quotas: QuotaRepository | None = None,
+                 drain: LedgerDrain | None = None) -> None:
         self.repo = repo
         self.store = store  # the queue's head, a launch's planned nodes
         self.launcher = launcher
@@ -187,6 +194,7 @@ class QueueScheduler:
         self.config = config or SchedulerConfig()
         self.sharing = sharing  # None: no quota table (quotas, preemption and demotion off)
         self.quotas = quotas
+        self.drain = drain  # an older release's launches in flight (None: not drained)
 
     # ------------------------------------------------------------------ tick
     def tick(self, time_budget_seconds: float | None = None) -> TickResult:
@@ -200,6 +208,8 @@ class QueueScheduler:
 
         try:
             result = TickResult()
+            if self.drain is not None and self.lease.ledger:  # once, after an upgrade from the old launcher
+                result.drained = self.drain.run(self.lease.ledger)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
@@ -464,12 +474,17 @@ def _queued(item: Mapping[str, Any], lend_spares: bool = False) -> QueuedJob | N
 
 
 # ------------------------------------------------------------------- wiring
-class SchedulerEcs(ContainerInstancesPort, Protocol):
-    """The ECS adapter a tick reads the cluster's nodes through."""
+class SchedulerEcs(ContainerInstancesPort, StopsOrphans, Protocol):
+    """The ECS adapter a tick reads the cluster's nodes through (and stops an older release's
+    launch's orphans with, ``queue.ledger_drain``)."""
 
 
 class RecoveryLoop(StartsRanks, SuspendPort, Protocol):
-    """What the queue asks of the recovery loop: a launch's ranks started, a job suspended."""
+    """What the queue asks of the recovery loop: a launch's ranks started, a job suspended, an
+    older release's launch ended (``launches``)."""
+
+    @property
+    def launches(self) -> EndsLaunches: ...
 
 
 def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: RecoveryLoop,
@@ -497,7 +512,9 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(recovery, task_definitions, hosts, store, lease.owner, sharing=config.sharing)
     sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
-    return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas)
+    drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches)
+    return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas,
+                          drain)
 
 
 def _wrap_raw_clients(task_definitions: TaskDefinitionPort | None, hosts: HostAddressPort | None,

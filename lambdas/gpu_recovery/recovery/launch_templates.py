@@ -13,6 +13,7 @@ the attempt's registered latch.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,7 +37,11 @@ from gpu_recovery.domain.states import RankState
 from gpu_recovery.recovery.rank_templates import BatchTemplates
 from gpu_recovery.repository.latches import Arrival, LatchRepository
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MASTER_PORT = 29500
+# What a launch's claim writes on its plan for the start fan-out (besides the nodes' items).
+PLAN_FIELDS = ("task_definition_arn", "container", "master_addr")
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,17 @@ class LaunchTemplates:
         plan = item.get("launch") or {}
         if int(plan.get("attempt") or 0) != job.attempt:
             return BatchTemplates()  # another attempt's plan: nothing of this one to start
-        spec = LaunchSpec.from_item(item)
+        missing = [name for name in PLAN_FIELDS if name not in plan]
+        try:
+            spec = LaunchSpec.from_item(item)
+        except (KeyError, ValueError, TypeError) as error:
+            missing.append(f"spec ({error!r})")
+        if missing:
+            # Not a claim of this release's (an older launcher's plan) or a spec gone bad: nothing
+            # to start, said once per batch; the sweep gives the launch up (``QueueLaunches.resume``).
+            logger.error("queue launch cannot start: its launch plan lacks %s", ", ".join(missing),
+                         extra={"job_id": job.job_id, "attempt": job.attempt})
+            return BatchTemplates()
         arns, ec2_ids = self.plans.plan_range(job.job_id, job.attempt, first, last)
         ranks, leases = self.leases.rank_items(job.job_id, first, last)
         known = {r.rank: r for r in ranks}

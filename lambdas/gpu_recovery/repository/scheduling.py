@@ -56,16 +56,26 @@ class SchedulingRepository:
         self.holding = holding  # quota charges (None: no quota table, nothing charged)
 
     # ----------------------------------------------------------------- lease
-    def acquire_lease(self, owner: str, now: float, seconds: float) -> bool:
-        """Take (or renew) the one scheduler lease: False when another tick holds it."""
-        return self.db.apply(Update(
+    def acquire_lease(self, owner: str, now: float, seconds: float) -> dict[str, dict[str, Any]] | None:
+        """Take (or renew) the one scheduler lease: None when another tick holds it, else the
+        launch ledger an older release left on the item (``inflight``: job id -> entry, as the
+        lease was taken: ReturnValues=ALL_NEW, no GetItem; empty once drained,
+        ``queue.ledger_drain``)."""
+        item = self.db.apply_returning(Update(
             table=self.table, key={JOB_PK: LEASE_KEY},
             set_fields={"owner": owner, "expires_at": now + seconds, "acquired_at": now,
                         "item_type": "LEASE"},
             condition="attribute_not_exists(#k) OR #e < :now OR #o = :me",
             condition_values={":now": to_ddb(now), ":me": owner},
             condition_names={"#k": JOB_PK, "#e": "expires_at", "#o": "owner"},
-        ))
+        ), returning="ALL_NEW")
+        return None if item is None else dict(from_ddb(dict(item.get("inflight") or {})))
+
+    def drop_ledger_entry(self, job_id: str) -> bool:
+        """An older release's launch ledger entry, drained (``queue.ledger_drain``)."""
+        return self.db.apply(Update(
+            table=self.table, key={JOB_PK: LEASE_KEY}, remove_fields=[f"inflight.{job_id}"],
+            condition="attribute_exists(#i.#j)", condition_names={"#i": "inflight", "#j": job_id}))
 
     def release_lease(self, owner: str) -> bool:
         return self.db.apply(Update(

@@ -1,0 +1,147 @@
+"""The launches an older release's launcher left in flight, ended once after the upgrade.
+
+Before the queue's launches went through the recovery's start fan-out, the scheduler's own
+launcher started a job's ranks, with a ledger of its launches in flight on the scheduler's lease
+item (``inflight.<job_id>``: the attempt) for the next tick to resume. Nothing resumes them any
+more: a job caught mid-launch by the upgrade stays STARTING, with no start intent (and a stored
+plan the start fan-out cannot start from). The tick reads the ledger with its lease (no extra
+read) and, while it is not empty, ends each of its launches here:
+
+* the job moved on (another attempt, the launch complete): the entry goes;
+* STARTING (or RUNNING: rank 0 ran) with every rank registered: the launch is completed
+  (``QueueLaunches.on_started``);
+* STARTING with ranks missing: the launch is aborted as a launch the start fan-out could not
+  place (``QueueLaunches.abort``: requeued at its queue order after a back-off, with the intent to
+  stop its started ranks, which the stop fan-out and the recovery sweep drive; a rank started and
+  not registered is found by its tags and stopped with them);
+* ended, requeued or failed by the old launcher's own abort with a stop ECS refused (no stop
+  intent of the attempt): its tasks are stopped again as the old launcher's resume did (every
+  registered one for an ended or requeued job; the one it may have started without registering
+  it, found by its old ``startedBy``), a cancel with no live rank finished.
+
+Each step is idempotent and the entry goes last (a conditional REMOVE): a tick dying mid-drain
+leaves the entry, and the next tick finishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpu_recovery import clock
+from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
+from gpu_recovery.domain import started_by
+from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES, JobState
+from gpu_recovery.queue.admission import FailureKind
+from gpu_recovery.repository.records import job_from_item
+from gpu_recovery.repository.scheduling import SchedulingRepository
+
+logger = logging.getLogger(__name__)
+
+UPGRADE_REASON = "launch in flight when the stack was upgraded (its launcher replaced): started again"
+
+
+def old_started_by(job_id: str, attempt: int, rank: int) -> str:
+    """The ``startedBy`` the older release's launcher gave a rank (``domain.started_by``)."""
+    return started_by.rank_launch(started_by.QUEUE_LAUNCH, job_id, attempt, f"r{rank}", digest=12)
+
+
+class StopsOrphans(Protocol):
+    """``adapters.ecs.EcsAdapter``: a task looked up by its startedBy, a task stopped."""
+
+    def tasks_started_by(self, started_by: str) -> list[str]: ...
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+
+
+class DrainRanks(Protocol):
+    """A launch's ranks in the recovery loop's records (``repository.JobsAndRanks``)."""
+
+    def get_ranks(self, job: Job) -> list[Rank]: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+
+
+class EndsLaunches(Protocol):
+    """A queue launch's end (``recovery.queue_launches.QueueLaunches``)."""
+
+    def on_started(self, job: Job) -> bool: ...
+    def abort(self, job: Job, kind: FailureKind, reason: str) -> str: ...
+
+
+@dataclass(eq=False, repr=False)
+class LedgerDrain:
+    store: SchedulingRepository  # the job item, the ledger entry's removal, a cancel finished
+    ranks: DrainRanks
+    ecs: StopsOrphans
+    launches: EndsLaunches
+
+    def run(self, ledger: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+        """End every launch of ``ledger`` (job id -> entry, as read with the lease)."""
+        outcomes = []
+        for job_id, entry in sorted(ledger.items()):
+            try:
+                action = self._drain(job_id, int(entry.get("attempt") or 0))
+            except Exception:  # one launch's failure does not stop the tick: the next one retries
+                logger.warning("launch of an older release not drained; the next tick tries again",
+                               exc_info=True, extra={"job_id": job_id})
+                action = "drain_failed"
+            outcomes.append({"job_id": job_id, "action": action})
+        return outcomes
+
+    def _drain(self, job_id: str, attempt: int) -> str:
+        item = self.store.job_item(job_id)
+        if item is None or int(item.get("attempt") or 0) != attempt or item.get("launched_at") is not None:
+            return self._done(job_id, attempt, "cleared")
+        job = job_from_item(item)
+        registered = {r.rank: r for r in self.ranks.get_ranks(job) if r.attempt == attempt}
+        if job.state in STARTED_JOB_STATES and len(registered) >= job.world_size:
+            self.launches.on_started(job)
+            return self._done(job_id, attempt, "completed")
+        if job.state in STARTED_JOB_STATES:
+            # Its stop intent's fan-out registers a rank started and not registered (found by its
+            # tags: the old launcher tagged its ranks as the start fan-out does) and stops it too.
+            self.launches.abort(job, FailureKind.INSUFFICIENT_RESOURCES, UPGRADE_REASON)
+            return self._done(job_id, attempt, "aborted")
+        self._stop_orphan(job, attempt, registered)
+        every_rank = job.state in ENDING_JOB_STATES or job.state is JobState.PENDING_RESOURCES
+        all_stopped = self._stop(registered.values(), f"launch of attempt {attempt} abandoned") \
+            if every_rank else True
+        if job.state is JobState.CANCELING and not any(r.is_live for r in registered.values()):
+            self.store.cancel_unlaunched(job_id, "canceled before any rank of the launch was running")
+        if not all_stopped:
+            return "stops_pending"  # the entry stays: the next tick asks again
+        return self._done(job_id, attempt, "abandoned")
+
+    def _stop_orphan(self, job: Job, attempt: int, registered: Mapping[int, Rank]) -> None:
+        """The first rank not registered: the one whose task the old launcher may have started
+        without registering it (one ListTasks, whatever the job's size)."""
+        rank = next((r for r in range(job.world_size) if r not in registered), None)
+        if rank is None:
+            return
+        known = {r.task_arn for r in registered.values()}
+        for arn in self.ecs.tasks_started_by(old_started_by(job.job_id, attempt, rank)):
+            if arn not in known:
+                self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} abandoned")
+
+    def _stop(self, ranks: Iterable[Rank], why: str) -> bool:
+        """Whether ECS took every stop (a refused one is asked again by the next tick)."""
+        all_stopped = True
+        for rank in ranks:
+            if rank.state.is_terminal:
+                continue  # its task ended: nothing to stop
+            if rank.state in LIVE_RANK_STATES:
+                self.ranks.request_rank_stop(rank, why, clock.now())
+            try:
+                self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
+            except Exception:
+                logger.warning("could not stop a rank", exc_info=True, extra={"task": rank.task_arn})
+                all_stopped = False
+        return all_stopped
+
+    def _done(self, job_id: str, attempt: int, action: str) -> str:
+        self.store.drop_ledger_entry(job_id)
+        logger.warning("launch of an older release drained", extra={"job_id": job_id, "attempt": attempt,
+                                                                    "action": action})
+        return action
