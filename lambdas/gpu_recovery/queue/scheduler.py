@@ -208,7 +208,7 @@ class QueueScheduler:
 
         try:
             result = TickResult()
-            if self.drain is not None and self.lease.ledger:  # once, after an upgrade from the old launcher
+            if self.drain is not None and self.lease.ledger:  # only until an upgrade's ledger is drained
                 result.drained = self.drain.run(self.lease.ledger)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())

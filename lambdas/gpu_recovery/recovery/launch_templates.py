@@ -177,11 +177,11 @@ class LaunchTemplates:
         try:
             spec = LaunchSpec.from_item(item)
         except (KeyError, ValueError, TypeError) as error:
-            missing.append(f"spec ({error!r})")
+            missing.append(f"a valid spec ({error!r})")
         if missing:
             # Not a claim of this release's (an older launcher's plan) or a spec gone bad: nothing
             # to start, said once per batch; the sweep gives the launch up (``QueueLaunches.resume``).
-            logger.error("queue launch cannot start: its launch plan lacks %s", ", ".join(missing),
+            logger.error("queue launch cannot start: its launch plan or spec lacks %s", ", ".join(missing),
                          extra={"job_id": job.job_id, "attempt": job.attempt})
             return BatchTemplates()
         arns, ec2_ids = self.plans.plan_range(job.job_id, job.attempt, first, last)
