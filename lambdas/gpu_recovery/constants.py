@@ -91,6 +91,8 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
+# A stop fan-out's paced rounds of asking again (``recovery.gang``): then the stop is given up.
+MAX_STOP_ROUNDS = 6
 # The gang fan-out's worker claims rank launches too: a recovery function by the rule above. Its
 # queue (infra/gang.py): visibility 6x its timeout (AWS's advice), the DLQ after this many receives.
 GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS

@@ -298,19 +298,3 @@ def test_a_launch_whose_start_task_is_throttled_is_sent_again_by_the_sweep(qc, m
     qc.sim.run_for(150)
     sweep(qc)
     assert len(qc.live_tasks(job)) == 2 and qc.item(job)["launched_at"] is not None
-
-
-def test_a_launch_that_never_completes_fails_after_its_resends(qc, monkeypatch):
-    """Given a launch whose StartTask is throttled every time
-    When the sweep runs every minute for ten minutes
-    Then the launch is sent again a few times, then ends: FAILED (UNKNOWN), no rank running, as a
-    launch resumed that often did before the one launcher."""
-    job = qc.submit(nnodes=2, gpus=8)
-    _start_task_refused(qc, monkeypatch, throttled("StartTask"))
-    qc.scheduler().tick()
-    for _ in range(10):
-        qc.sim.run_for(60)
-        sweep(qc)
-    item = qc.item(job)
-    assert item["job_state"] == "FAILED" and item["failure_kind"] == "UNKNOWN"
-    assert "did not complete" in item["last_error"] and qc.live_tasks(job) == []

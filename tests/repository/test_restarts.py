@@ -84,3 +84,16 @@ def test_a_queue_job_is_requeued_once_to_be_placed_elsewhere() -> None:
         assert item["relocation"] == relocation
         assert not restarts.requeue_for_relocation(job, queue_order="0#1", relocation=relocation,
                                                    reason="relocating off node-b")
+
+
+def test_a_queue_job_requeued_to_be_placed_elsewhere_leaves_its_stop_intent_behind() -> None:
+    """Every rank of the fault's attempt ended (the restart's precondition): nothing is left to
+    stop, so the fault's stop intent does not stay on the queued job."""
+    with world() as w:
+        restarts = w.repo.restarts
+        job_in(w, JobState.PENDING_RESTART)
+        set_job_fields(JOB, stop_fanout={"attempt": 1, "why": "rank 0 exited", "at": int(w.now[0]),
+                                         "rounds": 6})
+        assert restarts.requeue_for_relocation(w.repo.jobs.get_job(JOB), queue_order="0#1",
+                                               relocation={"from_nodes": ["node-b"]}, reason="relocating")
+        assert "stop_fanout" not in job_item(JOB)

@@ -8,6 +8,7 @@ charge. Every rank stopped: SUSPENDED, as before (the recovery's fakes on moto's
 from __future__ import annotations
 
 import boto3
+import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.time_sharing import SuspendKind
@@ -97,3 +98,27 @@ def test_a_suspension_whose_last_rank_stops_late_is_suspended_not_failed() -> No
         job = w.repo.jobs.get_job("j")
         assert job.state is JobState.SUSPENDED
         assert w.notifier.sent == []
+
+
+def test_a_suspension_finished_by_the_sweep_ends_its_stop_intent(monkeypatch) -> None:
+    """Given a preempted job whose last rank's STOPPED event dies right after it counted the rank
+    ended (before the suspension went on), When the recovery sweep finishes the suspension
+    (every rank ended), Then the job is SUSPENDED and queued without the stop intent (it stayed
+    on the queued item, nothing left to stop)."""
+    with world() as w:
+        arns = preempted(w)
+        w.stopped_by_the_stack(arns[:1])
+
+        def dies(*_: object) -> str:
+            raise RuntimeError("invocation died")
+
+        monkeypatch.setattr(w.service.faults, "on_attempt_ended", dies)
+        with pytest.raises(RuntimeError):
+            w.stopped_by_the_stack(arns[1:])
+        monkeypatch.undo()
+        assert w.repo.jobs.get_job("j").state is JobState.SUSPENDING
+        w.advance(60)
+        w.service.sweep()
+        item = w.repo.jobs.get_job_item("j")
+        assert item["job_state"] == JobState.SUSPENDED.value and C.QUEUE_PK in item
+        assert "stop_fanout" not in item

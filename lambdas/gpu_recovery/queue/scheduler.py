@@ -13,7 +13,8 @@ One tick (every minute, and right after submit / cancel / job end):
 3. A launch a dead tick left half-done is the recovery sweep's: its claim committed the intent
    to start its ranks (``start_fanout``), which the sweep sends again. Its planned nodes stay
    held (no other job is admitted onto them) until it is complete, and a job whose aborted
-   launch's ranks are still being stopped (``stop_fanout``) is not admitted again before.
+   launch's ranks are still being stopped (its own attempt's ``stop_fanout``, rounds left:
+   ``repository.scheduling.aborted_launch_stopping``) is not admitted again before.
 4. **Read the head of the queue** (``by-queue-order`` ascending, pages of
    ``page_size``) and offer each job to :class:`~gpu_recovery.queue.planner.TickPlanner`
    (quota, gang admission, preemption: a blocked job's victims are asked to suspend).
@@ -67,7 +68,7 @@ from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.records import job_from_item
-from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
+from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository, aborted_launch_stopping
 from gpu_recovery.repository.time_sharing import HoldingRepository, QuotaRepository
 from gpu_recovery.settings import SchedulerConfig
 
@@ -83,6 +84,11 @@ class TickResult:
     action: str = "ticked"  # ticked | busy
     admitted: list[str] = field(default_factory=list)
     launches: list[dict[str, Any]] = field(default_factory=list)
+    # Launches this tick could not complete itself: aborted within the tick (a launch of at
+    # most ``gang_inline_max_ranks`` ranks not placed: requeued; a user error: failed) or
+    # interrupted (its send failed: the sweep sends it again). A larger launch's abort (the gang
+    # worker's) and the sweep's give-up come later: the recovery's ``LaunchesAborted`` counts
+    # every abort, wherever it happens.
     launch_failures: int = 0
     queue_items_read: int = 0
     blocked: list[str] = field(default_factory=list)
@@ -236,8 +242,8 @@ class QueueScheduler:
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
                 queued = _queued(item, self.config.lend_spares)
-                if queued is None or item.get("stop_fanout"):
-                    # An aborted launch's ranks still being stopped: admitted once they are.
+                if queued is None or aborted_launch_stopping(item):
+                    # Its aborted launch's ranks still being stopped: admitted once they are.
                     unplaced += 1
                 else:
                     step = planner.offer(queued)

@@ -42,6 +42,7 @@ from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
+    MAX_STOP_ROUNDS,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_RANK,
@@ -77,9 +78,8 @@ from gpu_recovery.settings import Settings
 logger = logging.getLogger(__name__)
 
 # A rank asked to stop and still holding its GPUs is asked again (StopTask is idempotent)
-# after RECHECK_SECONDS, then twice as long each round, for at most MAX_STOP_ROUNDS.
+# after RECHECK_SECONDS, then twice as long each round, for at most MAX_STOP_ROUNDS (constants).
 RECHECK_SECONDS = 120
-MAX_STOP_ROUNDS = 6
 REASK_AFTER_SECONDS = 30
 TIME_MARGIN_SECONDS = 10.0  # a batch stops and sends the rest of itself back this early
 PREPAY_CALLS = 20
@@ -222,7 +222,10 @@ class GangOps:
             return "stop_sent" if self.stop(job, resend=True) else "stop_pending"
         rounds = int(intent.get("rounds") or 0)
         if rounds >= MAX_STOP_ROUNDS:
-            if job.state.is_terminal:
+            # Given up: a terminal job's intent ends; so does an aborted launch's (its job queued
+            # again: the scheduler admits it no more while the intent lives, and the ranks were
+            # asked to stop 1 + MAX_STOP_ROUNDS times). Any other's stays for its job's own step.
+            if job.state.is_terminal or intent.get("aborted_launch"):
                 self.fanouts.end_stop(job, attempt)
             return "stop_given_up"
         wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)

@@ -12,7 +12,12 @@
   the sweep drives it to its end; the job is not admitted again before.
 * the sweep (:meth:`QueueLaunches.resume`): a launch whose ranks are all registered is
   completed (their events lost); one whose intent was never sent (its tick died) or has not
-  finished after a while is sent again (batches skip what is done).
+  finished after a while is sent again (batches skip what is done); one still not complete
+  after its resends is given up: requeued with the back-off of a placement failure (nothing
+  says the job cannot run), only while it is still STARTING and not complete (in the write).
+
+Every abort applied counts in the recovery's ``LaunchesAborted`` metric, wherever it happens (a
+tick's inline launch, the gang worker's batch, the sweep).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A launch not complete after this many resends of its intent (and one more per 256 ranks) fails.
+# A launch not complete after this many resends of its intent (and one more per 256 ranks) is
+# given up (requeued).
 MAX_LAUNCH_RESENDS = 3
 
 
@@ -120,9 +126,10 @@ class QueueLaunches:
         kind = classify_failure(placement_reasons=reasons or ["UNKNOWN"])
         self.abort(job, kind, f"StartTask on {rank.container_instance_arn} failed: {why}")
 
-    def abort(self, job: Job, kind: FailureKind, reason: str) -> str:
-        """End the launch short: requeued (INSUFFICIENT_RESOURCES) or failed; its started ranks
-        stopped (the intent in the same write, sent at once)."""
+    def abort(self, job: Job, kind: FailureKind, reason: str, *, given_up: bool = False) -> str:
+        """End the launch short: requeued (INSUFFICIENT_RESOURCES, or ``given_up``: the sweep's
+        give-up, only while the job is still STARTING) or failed; never once it is complete. Its
+        started ranks stopped (the intent in the same write, sent at once)."""
         from gpu_recovery.queue.admission import FailureKind, backoff_seconds  # as on_started's import
         from gpu_recovery.queue.attempts import with_entry
 
@@ -134,7 +141,7 @@ class QueueLaunches:
                  "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
         attempts = with_entry(item.get("attempts"), entry)
         stop_why = f"launch of attempt {job.attempt} failed ({kind.value})"
-        if kind is FailureKind.INSUFFICIENT_RESOURCES:
+        if kind is FailureKind.INSUFFICIENT_RESOURCES or given_up:
             failures = int(item.get("resource_failures", 0)) + 1
             delay = backoff_seconds(failures)
             ordered = relocated_queue_order if (item.get("launch") or {}).get("relocated") else queue_order
@@ -142,7 +149,7 @@ class QueueLaunches:
             applied = self.store.requeue_after_failed_launch(
                 job.job_id, job.attempt, reason=f"start failed ({kind.value}): {reason}; retry in {delay} s",
                 queue_order=order, not_before=now + delay, resource_failures=failures, attempts=attempts,
-                stop_why=stop_why)
+                stop_why=stop_why, given_up=given_up)
             action = "requeued"
         else:
             applied = self.store.fail_launch(job.job_id, job.attempt,
@@ -150,6 +157,7 @@ class QueueLaunches:
                                              failure_kind=kind.value, attempts=attempts, stop_why=stop_why)
             action = "failed"
         if applied:
+            self.gang.metrics.add_metric("LaunchesAborted", "Count", 1)
             logger.warning("launch failed", extra={"job_id": job.job_id, "attempt": job.attempt,
                                                    "kind": kind.value, "reason": reason, "action": action})
         fresh = self.data.get_job(job.job_id)
@@ -182,19 +190,23 @@ class QueueLaunches:
         """The sweep: complete a launch whose ranks are all registered, send its intent again if
         it was never sent or has not finished after a while."""
         if Latch.REGISTERED in self.latches.complete(job.job_id, job.attempt, job.world_size):
+            # Complete: nothing to send or give up (not confirmed: the job moved on meanwhile).
             self.on_started(job)
             if self.restarts.confirm_running(job, "every rank registered (confirmed by the sweep)"):
                 return "launch_confirmed"
+            return "launch_moved_on"
         now = clock.now()
-        # A launch that never completes (its StartTasks failing over and over) ends, as a queue
-        # launch resumed that often did before the start fan-out.
+        # A launch that never completes (its StartTasks failing over and over) ends: requeued,
+        # with a back-off, as a placement failure (the job may run later). Only while it is still
+        # STARTING and not complete (in the write: a launch completing meanwhile runs on).
         claimed_at = float(job.start_fanout.get("at") or now)
         give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
         if is_launch(job) and now >= give_up_at:
             from gpu_recovery.queue.admission import FailureKind  # as on_started's import
 
-            self.abort(job, FailureKind.UNKNOWN, f"launch did not complete after {int(now - claimed_at)} s")
-            return "launch_given_up"
+            why = f"launch did not complete after {int(now - claimed_at)} s"
+            action = self.abort(job, FailureKind.UNKNOWN, why, given_up=True)
+            return "launch_given_up" if action == "requeued" else "launch_moved_on"
         action = "launch_waiting"
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
         if is_launch(job) and (not sent_at or now >= sent_at + RESEND_AFTER_SECONDS):

@@ -119,11 +119,13 @@ class RestartRepository:
                                reason: str, also: Sequence[Update] = ()) -> bool:
         """A queue job leaves its unusable nodes: PENDING_RESTART -> PENDING_RESOURCES at the
         head of its priority; the scheduler places it on healthy nodes (attempt + 1, a new
-        MASTER_ADDR) and records where each rank moved."""
+        MASTER_ADDR) and records where each rank moved. Every rank of the fault's attempt ended
+        (the restart's precondition): its stop intent, if still there, ends with it."""
         return self.db.transact([self.jobs.job_transition(
             job.job_id, JobState.PENDING_RESOURCES, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason, actor="recovery",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": 0,
                         "relocation": relocation},
-            remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at"],
+            remove_fields=[*DEADLINE_ATTRIBUTES, "relocate", "launched_at", "launch_claimed_at",
+                           "stop_fanout"],
         ), *also])

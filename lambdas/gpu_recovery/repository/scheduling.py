@@ -17,6 +17,7 @@ from gpu_recovery import clock
 from gpu_recovery.constants import (
     JOB_BY_QUEUE_INDEX,
     JOB_PK,
+    MAX_STOP_ROUNDS,
     QUEUE_BUCKET,
     QUEUE_PK,
     QUEUE_SK,
@@ -26,7 +27,6 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.domain.rank_template import LAUNCH
 from gpu_recovery.domain.states import (
-    ENDING_JOB_STATES,
     RECOVERING_JOB_STATES,
     STARTED_JOB_STATES,
     WAITING_JOB_STATES,
@@ -43,9 +43,22 @@ PLAN_CHUNK = 80  # ranks per launch-plan item (~10 KB)
 LAUNCH_BACKSTOP_SECONDS = 120
 STOP_SWEEP_SECONDS = 60  # an aborted launch's stop intent: the sweep's first look
 # Sorted: the condition's placeholders (and so the request) are the same every time.
-_ENDING = sorted(ENDING_JOB_STATES, key=lambda s: s.value)
 _STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
 _WAITING = sorted(WAITING_JOB_STATES, key=lambda s: s.value)
+# An abort's condition: the launch is not complete (a complete launch is never ended short).
+_NOT_LAUNCHED = "attribute_not_exists(#la)"
+
+
+def aborted_launch_stopping(item: Mapping[str, Any]) -> bool:
+    """A queued job's own last launch was aborted and the intent to stop the ranks it started
+    is live (its rounds not spent): the job is not admitted again before it ends (a rank of
+    that launch may still run). A stop intent of another kind or attempt left on a queued item
+    (a suspension's, a relocated fault's, an earlier launch's) waits for nothing; a spent one
+    is given up (the sweep ends it, ``recovery.gang``)."""
+    intent = item.get("stop_fanout") or {}
+    return bool(intent.get("aborted_launch")) \
+        and int(intent.get("attempt") or 0) == int(item.get("attempt") or 0) \
+        and int(intent.get("rounds") or 0) < MAX_STOP_ROUNDS
 
 
 class SchedulingRepository:
@@ -250,35 +263,47 @@ class SchedulingRepository:
 
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
-        """The launch is complete, unless the job was canceled or ended meanwhile."""
-        states = {f":x{i}": s.value for i, s in enumerate(_ENDING)}
+        """The launch of ``attempt`` is complete (once): the job still STARTING with the launch's
+        start intent, or RUNNING already (its every rank registered, rank 0's RUNNING event
+        confirmed it first and took the intent off). Not once it was aborted (requeued or failed,
+        the same attempt), canceled, or went into recovery meanwhile."""
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: job_item_key(job_id)},
             set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
                         "updated_at": now},
-            condition=f"#a = :a AND NOT (#s IN ({', '.join(states)}))",
-            condition_values={":a": attempt, **states}, condition_names={"#a": "attempt", "#s": "job_state"},
+            condition="#a = :a AND attribute_not_exists(#la) "
+                      "AND ((#s = :starting AND #sf.#sa = :a) OR #s = :running)",
+            condition_values={":a": attempt, ":starting": JobState.STARTING.value,
+                              ":running": JobState.RUNNING.value},
+            condition_names={"#a": "attempt", "#s": "job_state", "#la": "launched_at", "#sf": "start_fanout",
+                             "#sa": "attempt"},
         ))
 
     def requeue_after_failed_launch(self, job_id: str, attempt: int, *, reason: str, queue_order: str,
                                     not_before: float, resource_failures: int,
-                                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "") -> bool:
+                                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "",
+                                    given_up: bool = False) -> bool:
         """Back to PENDING_RESOURCES at its original queue position, after a back-off.
-        From RUNNING too: the recovery loop marks the job RUNNING as soon as rank 0 runs.
-        ``stop_why``: the intent to stop the ranks the launch started, in the same write (the
-        job is not admitted again until it ends: the recovery sweep drives it)."""
+        From RUNNING too (a rank not placed: the launch is aborted whatever rank 0 does), never
+        once the launch is complete (``launched_at``). ``given_up`` (the sweep's give-up of a
+        launch that did not complete in time): only while the job is still STARTING, so a launch
+        completing under the give-up's read is not ended. ``stop_why``: the intent to stop the
+        ranks the launch started, in the same write (the job is not admitted again until it ends:
+        the recovery sweep drives it)."""
         now = clock.now()
         return self.db.apply(self.repo.job_transition(
-            job_id, JobState.PENDING_RESOURCES, from_states=_STARTED,
+            job_id, JobState.PENDING_RESOURCES, from_states=[JobState.STARTING] if given_up else _STARTED,
             attempt=attempt, reason=reason, actor="scheduler",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
                         "resource_failures": resource_failures, "attempts": list(attempts),
                         "last_error": reason[:1000], **self._stop_fields(attempt, stop_why, now)},
             remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
+            extra_condition=_NOT_LAUNCHED, extra_names={"#la": "launched_at"},
         ))
 
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
                     attempts: Sequence[Mapping[str, Any]], stop_why: str = "") -> bool:
+        """FAILED (a user error): from RUNNING too, never once the launch is complete."""
         now = clock.now()
         return self.db.apply(self.repo.job_transition(
             job_id, JobState.FAILED, from_states=_STARTED, attempt=attempt,
@@ -286,6 +311,7 @@ class SchedulingRepository:
             set_fields={"attempts": list(attempts), "last_error": reason[:1000],
                         "failure_kind": failure_kind, **self._stop_fields(attempt, stop_why, now)},
             remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
+            extra_condition=_NOT_LAUNCHED, extra_names={"#la": "launched_at"},
         ))
 
     def _stop_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:

@@ -270,8 +270,10 @@ class SuspensionRepository:
         update = self.base.job_transition(
             job_id, JobState.SUSPENDED, from_states=[JobState.SUSPENDING], attempt=attempt, reason=reason,
             actor=actor, set_fields=fields, increments={"suspend_count": 1},
+            # Every rank stopped: nothing is left to stop (the intent ends here when the sweep,
+            # not the last STOPPED event, finishes the suspension).
             remove_fields=[*DEADLINE_ATTRIBUTES, "launched_at", "launch_claimed_at", "wait_reason",
-                           *([QUEUE_PK, QUEUE_SK] if hold else [])],
+                           "stop_fanout", *([QUEUE_PK, QUEUE_SK] if hold else [])],
             extra_condition="#sp.#h = :held" if hold else _NOT_HELD, extra_values={":held": True},
             extra_names={"#sp": "suspend", "#h": "hold"})
         return self.db.transact([update, *also]) if also else self.db.apply(update)
