@@ -183,6 +183,38 @@ def test_a_launch_the_old_launcher_requeued_with_a_stop_refused_has_its_tasks_st
         gen.close()
 
 
+def test_a_requeued_launch_whose_old_tasks_are_not_stopped_yet_is_not_admitted(monkeypatch: Any) -> None:
+    """Given the older launcher's launch of a 2-node job aborted by that launcher (requeued, its
+    back-off over, no stop intent), both ranks started, ECS refusing StopTask at the first tick
+    When the upgraded scheduler ticks, then ticks again once ECS takes the stops
+    Then the first tick keeps the ledger entry and does not admit the job (its old tasks still
+    run: it would run twice, on the two free nodes); the second drains it."""
+    gen = make_queue_cluster(nodes=[8, 8, 8, 8])  # two free nodes: room for it beside its old tasks
+    qc = next(gen)
+    try:
+        job = qc.submit(nnodes=2, gpus=8)
+        _old_launch_in_flight(qc, job, started=2, registered=2)
+        store = SchedulingRepository(qc.repo.jobs)
+        assert store.requeue_after_failed_launch(
+            job, 1, reason="start failed (INSUFFICIENT_RESOURCES)", queue_order=C.queue_order(0, 0.0, job),
+            not_before=0, resource_failures=1, attempts=[])
+        scheduler = qc.scheduler()
+        ecs = scheduler.drain.ecs  # type: ignore[union-attr]
+
+        def refused(task_arn: str, reason: str) -> None:
+            raise RuntimeError("ThrottlingException")
+
+        monkeypatch.setattr(ecs, "stop_task", refused)
+        first = scheduler.tick()
+        assert first.drained == [{"job_id": job, "action": "stops_pending"}]
+        assert first.admitted == [] and job in _ledger(qc)
+        monkeypatch.undo()
+        assert scheduler.tick().drained == [{"job_id": job, "action": "abandoned"}]
+        assert _ledger(qc) == {}
+    finally:
+        gen.close()
+
+
 def test_a_tick_dying_mid_drain_leaves_the_entry_for_the_next_one(monkeypatch: Any) -> None:
     """Given the older launcher's launch cut short (rank 0 registered, rank 1 not started)
     When the upgraded tick aborts it and dies before it removes the ledger entry, then the next

@@ -242,8 +242,10 @@ class QueueScheduler:
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
                 queued = _queued(item, self.config.lend_spares)
-                if queued is None or aborted_launch_stopping(item):
-                    # Its aborted launch's ranks still being stopped: admitted once they are.
+                undrained = item.get("job_id") in self.lease.ledger
+                if queued is None or aborted_launch_stopping(item) or undrained:
+                    # Its aborted launch's ranks still being stopped (or an older release's launch
+                    # of it not drained yet, ``queue.ledger_drain``): admitted once they are.
                     unplaced += 1
                 else:
                     step = planner.offer(queued)

@@ -264,15 +264,16 @@ class SchedulingRepository:
     def finish_launch(self, job_id: str, attempt: int, attempts: Sequence[Mapping[str, Any]],
                       now: float) -> bool:
         """The launch of ``attempt`` is complete (once): the job still STARTING with the launch's
-        start intent, or RUNNING already (its every rank registered, rank 0's RUNNING event
-        confirmed it first and took the intent off). Not once it was aborted (requeued or failed,
-        the same attempt), canceled, or went into recovery meanwhile."""
+        start intent (or none: an older release's launch, ``queue.ledger_drain``), or RUNNING
+        already (its every rank registered, rank 0's RUNNING event confirmed it first and took the
+        intent off). Not once it was aborted (requeued or failed, the same attempt), canceled, or
+        went into recovery meanwhile."""
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: job_item_key(job_id)},
             set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
                         "updated_at": now},
-            condition="#a = :a AND attribute_not_exists(#la) "
-                      "AND ((#s = :starting AND #sf.#sa = :a) OR #s = :running)",
+            condition="#a = :a AND attribute_not_exists(#la) AND ((#s = :starting "
+                      "AND (attribute_not_exists(#sf) OR #sf.#sa = :a)) OR #s = :running)",
             condition_values={":a": attempt, ":starting": JobState.STARTING.value,
                               ":running": JobState.RUNNING.value},
             condition_names={"#a": "attempt", "#s": "job_state", "#la": "launched_at", "#sf": "start_fanout",
