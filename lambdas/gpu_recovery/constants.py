@@ -114,9 +114,7 @@ RETRY_INTERVAL_SECONDS = RECOVERY_SWEEP_RATE_SECONDS
 NOTICE_RETRY_SECONDS = RECOVERY_SWEEP_RATE_SECONDS // 2
 HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55
 QUEUE_SCHEDULER_RATE_SECONDS, QUEUE_SCHEDULER_TIMEOUT_SECONDS = 60, 90
-#: A queue launch's rank lease (``recovery.gang``): its ranks are started by the scheduler's tick
-#: too, which runs longer than a recovery function; a tick that claims a rank late in its run must
-#: not start it after its lease ran out (another start, or an aborted launch's stop, takes it over).
+#: A queue launch's rank lease (``recovery.gang``): outlasts the tick too, which starts small launches
 LAUNCH_LEASE_SECONDS = max(QUEUE_SCHEDULER_TIMEOUT_SECONDS, RECOVERY_FUNCTION_TIMEOUT_SECONDS) + 15
 # Tag lookups (issue 28): a task with no rank and no registration convention is described by a
 # worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches them, waiting
