@@ -91,8 +91,7 @@ FAULT_CATALOG_OVERRIDE_FILE = "override.json"
 # an invocation that died: the next sweep or redelivery takes it over.
 RECOVERY_FUNCTION_TIMEOUT_SECONDS = 60
 CLAIM_LEASE_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS + 15
-# A stop fan-out's paced rounds of asking again (``recovery.gang``): then the stop is given up.
-MAX_STOP_ROUNDS = 6
+MAX_STOP_ROUNDS = 6  # a stop fan-out's paced rounds of asking again (recovery.gang), then given up
 # The gang fan-out's worker claims rank launches too: a recovery function by the rule above. Its
 # queue (infra/gang.py): visibility 6x its timeout (AWS's advice), the DLQ after this many receives.
 GANG_WORKER_TIMEOUT_SECONDS = RECOVERY_FUNCTION_TIMEOUT_SECONDS
@@ -111,11 +110,12 @@ RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
 #: a recovery step that must be looked at again (a claim in flight, GPUs still held, nothing
 #: placed yet) is due this far ahead: the recovery sweep's next run
 RETRY_INTERVAL_SECONDS = RECOVERY_SWEEP_RATE_SECONDS
-#: the same while AWS takes a node away (recovery.aws_notices): a two-minute notice has no
-#: minute to lose, so the step is due at the next sweep whatever its phase
+#: the same while AWS takes a node away (recovery.aws_notices): a 2-minute notice has no minute to lose
 NOTICE_RETRY_SECONDS = RECOVERY_SWEEP_RATE_SECONDS // 2
 HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55
 QUEUE_SCHEDULER_RATE_SECONDS, QUEUE_SCHEDULER_TIMEOUT_SECONDS = 60, 90
+#: A queue launch's rank lease (``recovery.gang``): outlasts the tick too, which starts small launches
+LAUNCH_LEASE_SECONDS = max(QUEUE_SCHEDULER_TIMEOUT_SECONDS, RECOVERY_FUNCTION_TIMEOUT_SECONDS) + 15
 # Tag lookups (issue 28): a task with no rank and no registration convention is described by a
 # worker on this queue, up to 100 tasks per DescribeTasks (the API's limit; SQS batches them, waiting
 # up to the window), under the stack's Describe budget (its token bucket: ECS_DESCRIBE_RATE_PER_SECOND).

@@ -182,8 +182,8 @@ def test_a_launch_canceled_while_half_done_stops_its_orphan_and_is_canceled(qc, 
     """Given a 4-node launch whose invocation died after starting rank 2 and before registering
     it (ranks 0 and 1 registered, rank 3 never started), and the job canceled by its user
     When the recovery sweep runs
-    Then rank 2's task is found by its tags and stopped with the others, rank 3 is never started,
-    and the job is CANCELED (no STOPPED event of rank 3 will ever come)."""
+    Then rank 2's task is found (by its event's tags, else its lease's startedBy) and stopped,
+    rank 3 is never started, and the job is CANCELED (no STOPPED event of rank 3 will ever come)."""
     job = qc.submit(nnodes=4, gpus=8)
     launch_dies_registering(qc, monkeypatch, 2)
     qc.scheduler().tick()

@@ -122,3 +122,22 @@ def test_a_rank_never_started_takes_its_lease_on_an_item_of_its_own_that_readers
         assert "launch_attempt" not in job_item(JOB, rank=1)
         # Its next attempt's lease goes on the registered item.
         assert fanouts.claim_rank_launch(stored, 2, now + 95, now + 7)
+
+
+def test_an_aborted_launchs_open_leases_are_those_no_rank_was_registered_over_nor_given_back() -> None:
+    """The end of an aborted launch's stop reads the ranks once: the attempt's ranks registered and
+    not ended, and its leases still open with the startedBy each claim recorded (a holder that
+    died after its StartTask left its task to be looked up by it)."""
+    with world() as w:
+        w.register_job(JOB, ["node-a"])  # rank 0 of attempt 1, live
+        fanouts, now = w.repo.fanouts, w.now[0]
+        never = replace(rank_zero(w), rank=1, attempt=0)
+        released = replace(never, rank=2)
+        assert fanouts.claim_rank_launch(never, 1, now + 105, now, "launch-job-a-1-r1")
+        assert fanouts.claim_rank_launch(released, 1, now + 105, now, "launch-job-a-1-r2")
+        assert fanouts.release_rank_launch(released, 1)  # not placed: nothing was started
+        live, leases = fanouts.open_launch_leases(JOB, 1, 4)
+        assert [r.rank for r in live] == [0]
+        assert [(lease.rank, lease.until, lease.started_by) for lease in leases] == [
+            (1, now + 105, "launch-job-a-1-r1")]
+        assert fanouts.open_launch_leases(JOB, 2, 4) == ([], [])  # another attempt's

@@ -12,8 +12,8 @@ read) and, while it is not empty, ends each of its launches here:
   (``QueueLaunches.on_started``);
 * STARTING with ranks missing: the launch is aborted as a launch the start fan-out could not
   place (``QueueLaunches.abort``: requeued at its queue order after a back-off, with the intent to
-  stop its started ranks, which the stop fan-out and the recovery sweep drive; a rank started and
-  not registered is found by its tags and stopped with them);
+  stop its started ranks, which the stop fan-out and the recovery sweep drive; the rank it may
+  have started and not registered is found by its old ``startedBy`` and stopped first);
 * ended, requeued or failed by the old launcher's own abort with a stop ECS refused (no stop
   intent of the attempt): its tasks are stopped again as the old launcher's resume did (every
   registered one for an ended or requeued job; the one it may have started without registering
@@ -100,8 +100,9 @@ class LedgerDrain:
             self.launches.on_started(job)
             return self._done(job_id, attempt, "completed")
         if job.state in STARTED_JOB_STATES:
-            # Its stop intent's fan-out registers a rank started and not registered (found by its
-            # tags: the old launcher tagged its ranks as the start fan-out does) and stops it too.
+            # The stop fan-out stops the ranks it registered; the one it may have started without
+            # registering it has no launch lease of this release's: looked up by its old startedBy.
+            self._stop_orphan(job, attempt, registered)
             self.launches.abort(job, FailureKind.INSUFFICIENT_RESOURCES, UPGRADE_REASON)
             return self._done(job_id, attempt, "aborted")
         self._stop_orphan(job, attempt, registered)

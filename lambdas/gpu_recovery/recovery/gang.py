@@ -4,13 +4,20 @@ A job of thousands of ranks cannot be stopped or restarted by one invocation: 1,
 StopTasks alone take 23 s at the account's ECS limit, and a restart as many again. So
 the intent is committed first, on the job item, with the transition that needs it
 (``stop_fanout`` with the job entering recovery, failing or being suspended;
-``start_fanout`` with the gang restart's claim), and the work is cut into batches of
-consecutive ranks:
+``start_fanout`` with the gang restart's claim or the queue launch's), and the work is cut into
+batches of consecutive ranks:
 
 * **stop** batches of 100 ranks: each live rank is marked STOP_REQUESTED, then StopTask;
 * **start** batches of 80 ranks: each rank's launch lease is claimed, its task looked up
   by ``startedBy`` if a lease is taken over, started (identical ranks up to 10 per
   StartTask, ``domain.launch_plan``) and registered as the new attempt's rank.
+
+A queue launch's batches run in parallel with its abort (another batch's rank not placed, a
+cancel), so a launch's start reads its job again after winning its leases (it starts nothing of
+a launch that ended) and after registering (it stops what it started for a launch that ended
+meanwhile); and the stop of a launch cut short ends only once no lease of it is open: a lease
+whose holder died between its StartTask and its registration runs out, then its task is looked
+up by the ``startedBy`` the lease recorded and stopped (:meth:`GangOps.end_aborted_launch`).
 
 Batches go on an SQS queue (``GangQueuePort``) whose worker function runs a few at a
 time; a gang of at most ``gang_inline_max_ranks`` ranks (16: ``Settings``) runs its batches
@@ -42,6 +49,7 @@ from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
+    LAUNCH_LEASE_SECONDS,
     MAX_STOP_ROUNDS,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
@@ -83,6 +91,13 @@ RECHECK_SECONDS = 120
 REASK_AFTER_SECONDS = 30
 TIME_MARGIN_SECONDS = 10.0  # a batch stops and sends the rest of itself back this early
 PREPAY_CALLS = 20
+# A launch lease run out is looked up this much later: ECS lists a task a few seconds after its
+# StartTask returned (made by the holder right before its lease ran out).
+LOOKUP_AFTER_LEASE_SECONDS = 15
+
+
+class LaunchMovedOn(Exception):
+    """A queue launch's job moved on (aborted, canceled) while a start batch ran."""
 
 
 @dataclass
@@ -92,6 +107,7 @@ class Dispatched:
 
     complete: bool
     stopped: list[int] = field(default_factory=list)
+    launch_over: bool = False  # a queue launch's run ended it (a rank not placed: aborted)
 
     def __bool__(self) -> bool:
         return self.complete
@@ -105,10 +121,17 @@ class BatchResult:
     rest: GangBatch | None = None
     delay_seconds: float = 0.0
     reason: str = ""
+    launch_over: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"done": self.done, "stopped": len(self.stopped), "started": len(self.started),
                 "delay_seconds": round(self.delay_seconds, 1), "reason": self.reason}
+
+
+def is_launch_of(job: Job, attempt: int) -> bool:
+    """The job's start intent is the queue launch of ``attempt``."""
+    return bool(job.start_fanout) and intent_kind(job.start_fanout) == LAUNCH \
+        and int(job.start_fanout.get("attempt") or 0) == attempt
 
 
 def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
@@ -168,8 +191,11 @@ class GangOps:
             if not look_up_missing:
                 if not self.ranks.all_registered(job):
                     return Dispatched(False)
-            else:
-                self.ranks.register_missing(job)  # a rank never registered could not be stopped
+            elif not self.launch_cut_short(job, attempt):
+                # A rank never registered could not be stopped. Not for a launch cut short: its
+                # rank started and not registered is found by its lease (``end_aborted_launch``),
+                # with no scan of the cluster's tasks.
+                self.ranks.register_missing(job)
         # A suspension's ranks stay watched while asked to stop (``heartbeat.escalation``).
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation, watch=job.state is JobState.SUSPENDING)
@@ -190,20 +216,22 @@ class GangOps:
         return sent
 
     def start(self, job: Job) -> Dispatched:
-        """Send (or run) the batches of the job's gang restart; true once all were sent."""
+        """Send (or run) the batches of the job's start intent (a gang restart's, a queue
+        launch's); true once all were sent."""
         intent = job.start_fanout
         attempt = int(intent.get("attempt") or job.attempt)
         if not intent or attempt != job.attempt:
             return Dispatched(True)
         sent = self._dispatch(job, batches(START, job.job_id, attempt, job.world_size))
-        if sent:
+        if sent and not sent.launch_over:  # an aborted launch's intent is gone with it
             self.fanouts.record_sent(job, "start_fanout", attempt, clock.now())
         return sent
 
     def _dispatch(self, job: Job, work: list[GangBatch], *, receive_count: int = 1) -> Dispatched:
         if self.inline(job):
             results = [self.run(batch, receive_count=receive_count) for batch in work]
-            return Dispatched(all(r.done for r in results), [r for res in results for r in res.stopped])
+            return Dispatched(all(r.done for r in results), [r for res in results for r in res.stopped],
+                              launch_over=any(r.launch_over for r in results))
         assert self.queue is not None
         self.queue.send([b.body() for b in work])
         self.metrics.add_metric("GangBatchesSent", "Count", len(work))
@@ -233,18 +261,55 @@ class GangOps:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
 
+    @staticmethod
+    def launch_cut_short(job: Job, attempt: int) -> bool:
+        """The stop intent is a queue launch's cut short (aborted, or canceled before it
+        completed)."""
+        return bool(job.stop_fanout.get("aborted_launch")) or is_launch_of(job, attempt)
+
     def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
-        """The stop of a queue launch cut short (aborted, or canceled before it completed) ends
-        once every rank it registered ended: its other ranks were never started. Only once its
-        start batches in flight are over (a rank's launch lease runs out in CLAIM_LEASE_SECONDS;
-        no new batch starts a rank of an attempt whose job moved on)."""
-        intent = job.stop_fanout
-        cut_short = intent.get("aborted_launch") or (
-            job.start_fanout and intent_kind(job.start_fanout) == LAUNCH
-            and int(job.start_fanout.get("attempt") or 0) == attempt)
-        if not cut_short or now < float(intent.get("at") or 0) + CLAIM_LEASE_SECONDS:
+        """The stop of a queue launch cut short ends once every rank it registered ended and no
+        lease of it is open (its other ranks were never started)."""
+        if not self.launch_cut_short(job, attempt) \
+                or self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size):
             return False
-        return not self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size)
+        return self._launch_settled(job, attempt, now, ended=True)
+
+    def end_aborted_launch(self, job: Job, attempt: int) -> bool:
+        """An aborted launch whose starts ran inline and whose stops ECS took: its stop intent
+        ends now, unless a lease of it is still open (another invocation's start in flight: the
+        sweep ends it, ``stop_due``). One read of the ranks (at most ``gang_inline_max_ranks``)."""
+        if not self._launch_settled(job, attempt, clock.now(), ended=False):
+            return False
+        return self.fanouts.end_stop(job, attempt)
+
+    def _launch_settled(self, job: Job, attempt: int, now: float, *, ended: bool) -> bool:
+        """No rank of a launch cut short is left to stop: each rank it registered ended (or, not
+        ``ended``, was asked to stop) and no lease of it is open. A lease run out with no rank
+        registered over it (its holder died, maybe after its StartTask): its task is looked up by
+        the lease's startedBy and stopped, and the lease given back once none is listed (a lease
+        taken meanwhile is its holder's: it reads the job and starts nothing)."""
+        live, leases = self.fanouts.open_launch_leases(job.job_id, attempt, job.world_size)
+        if any(ended or rank.state in LIVE_RANK_STATES for rank in live):
+            return False
+        settled = True
+        listed: dict[str, list[str]] = {}
+        for lease in leases:
+            if now < lease.until + LOOKUP_AFTER_LEASE_SECONDS:
+                settled = False  # its holder may be starting the rank
+                continue
+            if lease.started_by and lease.started_by not in listed:
+                listed[lease.started_by] = tasks = self.ecs.tasks_started_by(lease.started_by)
+                for task_arn in tasks:
+                    logger.warning("stopping a task of an aborted launch never registered", extra={
+                        "job_id": job.job_id, "attempt": attempt, "rank": lease.rank, "task": task_arn})
+                    self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt "
+                                                 f"{attempt} aborted; its task was never registered"[:255])
+            if listed.get(lease.started_by):
+                settled = False  # looked up again at the next sweep: not listed once stopping
+            else:
+                self.fanouts.release_rank_launch(lease, attempt)
+        return settled
 
     def stopped(self, job: Job, attempt: int) -> None:
         """Every rank of ``attempt`` ended: nothing is left to stop (the intent is done)."""
@@ -375,17 +440,44 @@ class GangOps:
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, batch, "time"
                 return
-            started, failed, completed = self._start_call(job, call, todo, source)
+            try:
+                started, failed, completed = self._start_call(job, call, todo, source)
+            except LaunchMovedOn:
+                result.reason = "job moved on"
+                return
             result.started += started
             complete |= completed
+            launch = intent_kind(job.start_fanout) == LAUNCH
+            if failed and launch:
+                # Not started: their leases end before the abort, whose stop ends once none is open.
+                for template, _why, _code in failed:
+                    self.fanouts.release_rank_launch(template, job.attempt)
             for template, why, code in failed:
                 # A placement race waits (GangRestart), it never stops the batch's other calls.
                 self.reactions.emit(RankNotPlaced(job, template, why, code))
                 result.reason = f"rank {template.rank} could not be started: {why}"
-            if failed and intent_kind(job.start_fanout) == LAUNCH:
+            if failed and launch:
+                result.launch_over = True
                 return  # a queue launch not placed is aborted: nothing more of it is started
         if complete:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
+
+    def _launch_moved_on(self, job: Job) -> bool:
+        """The launch's job, read again (a consistent GetItem, one per call), left this attempt
+        (aborted, canceled; a launch completed meanwhile by another batch has not)."""
+        fresh = self.data.get_job(job.job_id)
+        return fresh is None or fresh.attempt != job.attempt or fresh.state not in STARTED_JOB_STATES
+
+    def _stop_started(self, job: Job, started: list[int]) -> None:
+        """Ranks this call started and registered for a launch aborted (or canceled) meanwhile:
+        the abort's stop may have read their items before: they are stopped here (marked first,
+        as the stop fan-out does; one marked and not asked is asked by its paced rounds)."""
+        why = f"launch of attempt {job.attempt} ended while its ranks started"
+        reason = f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255]
+        for rank in self.data.get_rank_range(job.job_id, min(started), max(started) + 1):
+            if rank.rank in started and rank.attempt == job.attempt and rank.state in LIVE_RANK_STATES \
+                    and self.data.request_rank_stop(rank, why, clock.now()):
+                self.ecs.stop_task(rank.task_arn, reason)
 
     @staticmethod
     def _spec(rank: RankTemplate) -> str:
@@ -400,11 +492,21 @@ class GangOps:
         latch."""
         attempt = job.attempt
         now = clock.now()
-        lease_until = now + CLAIM_LEASE_SECONDS
-        claimed = [t for t in todo if self.fanouts.claim_rank_launch(t, attempt, lease_until, now)]
+        # A restart's or a launch's in a recovery function; a launch's also in the scheduler's tick.
+        launch = intent_kind(job.start_fanout) == LAUNCH
+        lease_until = now + (LAUNCH_LEASE_SECONDS if launch else CLAIM_LEASE_SECONDS)
+        started_by = group_started_by(job.job_id, attempt, call)
+        claimed = [t for t in todo
+                   if self.fanouts.claim_rank_launch(t, attempt, lease_until, now, started_by)]
         if not claimed:
             return [], [], False  # another delivery is starting them
-        started_by = group_started_by(job.job_id, attempt, call)
+        if launch and self._launch_moved_on(job):
+            # Aborted (or canceled) since the batch read the job: nothing of it is started. Its
+            # abort came after these claims otherwise: its stop sees the leases (they stay open
+            # while the start runs) and ends once they are settled.
+            for template in claimed:
+                self.fanouts.release_rank_launch(template, attempt)
+            raise LaunchMovedOn(job.job_id)
         on_node = {t.node: t for t in claimed}  # a call starts one rank a node
         first = claimed[0]
         tags = first.tags
@@ -426,7 +528,6 @@ class GangOps:
         # the call: those of the ranks registered already have a task of it too).
         taken_over = any(t.launch_attempt == attempt for t in claimed)
         # A restart's placement race is tried again at once; a queue launch not placed is requeued.
-        launch = intent_kind(job.start_fanout) == LAUNCH
         tries = 1 if launch else self.settings.restart_start_retries
         try:
             unplaced = start_once(
@@ -442,6 +543,8 @@ class GangOps:
             code, message = str(err.get("Code", "")), str(err.get("Message", ""))
             return started, [(t, f"{code}: {message}", code) for node, t in on_node.items()
                              if t.rank not in started], complete
+        if launch and started and self._launch_moved_on(job):
+            self._stop_started(job, started)
         if unplaced:
             logger.warning("start placement failed", extra={
                 "job_id": job.job_id, "ranks": [on_node[node].rank for node in unplaced],

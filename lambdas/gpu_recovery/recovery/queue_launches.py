@@ -112,8 +112,7 @@ class QueueLaunches:
         transient one leaves it to the sweep's resend."""
         from gpu_recovery.queue.admission import FailureKind, classify_failure  # as on_started's import
 
-        # Not started: its lease ends now, for the next start to take.
-        self.gang.release_launch(rank, job.attempt)
+        # Not started: its lease ended with the start that failed (``recovery.gang``).
         if error_code:
             kind = classify_failure(error_code=error_code, error_message=why)
             if kind is FailureKind.UNKNOWN:
@@ -175,8 +174,8 @@ class QueueLaunches:
             # Every start of the launch ran in this invocation and ECS took every stop: nothing of
             # it is left to stop (as a failed launch was, before the start fan-out), and the job
             # may be admitted again after its back-off. A cancel's own intent ends with its ranks.
-            if applied:
-                self.gang.stopped(fresh, job.attempt)
+            if applied:  # unless a start in flight holds a lease of it (the sweep ends it then)
+                self.gang.end_aborted_launch(fresh, job.attempt)
             elif fresh.state is JobState.CANCELING and not self._live_ranks(fresh):
                 self.store.cancel_unlaunched(job.job_id, "canceled before any rank of the launch was running")
         return action if applied else "raced"

@@ -8,6 +8,7 @@ sending went, so that a redelivery or the sweep sends what is unsent and nothing
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from gpu_recovery import clock
@@ -19,6 +20,18 @@ from gpu_recovery.repository.tables import RecoveryTables
 
 #: The item a launch lease creates for a rank never started (no rank of its own yet).
 LEASE_ONLY = "RANK_LEASE"
+
+
+@dataclass(frozen=True)
+class LaunchLease:
+    """A rank's launch lease of an attempt that registered no rank over it: its holder may have
+    started the rank's task (``started_by``, recorded with the claim) and died before registering
+    it; ``until`` 0: given back (nothing was started under it)."""
+
+    job_id: str
+    rank: int
+    until: float
+    started_by: str
 
 
 class RankKey(Protocol):
@@ -92,22 +105,46 @@ class GangFanoutRepository:
                 ranks.append(rank_from_item(item))
         return sorted(ranks, key=lambda r: r.rank), leases
 
-    def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float) -> bool:
+    def claim_rank_launch(self, rank: RankKey, attempt: int, lease_until: float, now: float,
+                          started_by: str = "") -> bool:
         """Start rank ``rank`` for ``attempt`` at most once at a time: a lease on the rank's item,
         which holds an earlier attempt's rank or none (a rank never started: the lease creates a
         lease-only item, ``RANK_LEASE``, that readers of ranks skip until the rank is registered
         over it). A holder that died lets the lease expire; the next one looks the task up by
-        startedBy before starting it."""
+        startedBy before starting it (recorded here: an aborted launch's stop looks up the task of
+        a lease no rank was registered over, :meth:`open_launch_leases`)."""
         return self.db.apply(Update(
             table=self.job_table_name,
             key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until},
+            set_fields={"launch_attempt": attempt, "launch_lease_until": lease_until,
+                        "launch_started_by": started_by},
             set_if_absent={"item_type": LEASE_ONLY},
             condition=("(attribute_not_exists(#a) OR #a < :a) "
                        "AND (attribute_not_exists(#lu) OR #lu < :now)"),
             condition_values={":a": attempt, ":now": now},
             condition_names={"#a": "attempt", "#lu": "launch_lease_until"},
         ))
+
+    def open_launch_leases(self, job_id: str, attempt: int, world_size: int
+                           ) -> tuple[list[Rank], list[LaunchLease]]:
+        """The end of an aborted launch's stop (once, in the sweep: ``world_size`` items, 100 a
+        BatchGetItem): the ranks ``attempt`` registered that did not end, and the leases of
+        ``attempt`` no rank was registered over and not given back."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(world_size)]
+        live: list[Rank] = []
+        leases: list[LaunchLease] = []
+        for raw in self.db.batch_get(self.job_table_name, keys):
+            item = from_ddb(raw)
+            if is_rank_item(item) and int(item.get("attempt") or 0) >= attempt:
+                rank = rank_from_item(item)
+                if rank.attempt == attempt and not rank.state.is_terminal:
+                    live.append(rank)
+                continue
+            until = float(item.get("launch_lease_until") or 0)
+            if int(item.get("launch_attempt") or 0) == attempt and until > 0:
+                leases.append(LaunchLease(job_id, int(str(item[JOB_PK]).rsplit("#", 1)[1]), until,
+                                          str(item.get("launch_started_by") or "")))
+        return live, sorted(leases, key=lambda lease: lease.rank)
 
     def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
