@@ -153,3 +153,35 @@ def test_a_launch_lease_outlasts_the_scheduler_tick_that_takes_it(qc, monkeypatc
     monkeypatch.setattr(fanouts, "claim_rank_launch", spy)
     qc.scheduler().tick()
     assert len(leases) == 2 and min(leases) > C.QUEUE_SCHEDULER_TIMEOUT_SECONDS
+
+
+def test_a_lease_taken_over_after_its_holder_died_is_looked_up_even_if_the_launch_moved_on(qc, monkeypatch):
+    """Given a 2-node launch whose start died after rank 1's StartTask (its task runs, known to no
+    item), its lease run out, and the launch aborted between a resend's read of the job and its
+    claim of rank 1's lease
+    When that resend wins the lease (taken over) and reads the job again
+    Then it leaves the lease to run out rather than giving it back: the abort's stop looks up the
+    dead holder's task by the lease's startedBy and stops it before it ends."""
+    job = qc.submit(nnodes=2, gpus=8)
+    launch_dies_registering(qc, monkeypatch, 1)
+    monkeypatch.setattr(qc.bus, "put_events", lambda event: [])  # its RUNNING event lost too
+    qc.scheduler().tick()
+    qc.sim.run_for(C.LAUNCH_LEASE_SECONDS + 1)
+    monkeypatch.undo()
+    assert qc.state(job) is JobState.STARTING and qc.repo.jobs.get_rank(job, 1) is None
+    fanouts = qc.recovery.gang.fanouts
+    claim = fanouts.claim_rank_launch
+
+    def aborted_first(rank: Any, *args: Any, **kwargs: Any) -> Any:
+        if rank.rank == 1:
+            monkeypatch.setattr(fanouts, "claim_rank_launch", claim)
+            _abort(qc, job)
+        return claim(rank, *args, **kwargs)
+
+    monkeypatch.setattr(fanouts, "claim_rank_launch", aborted_first)
+    resent = qc.repo.jobs.get_job(job)
+    assert resent is not None and qc.repo.jobs.get_rank(job, 1) is None
+    qc.recovery.gang.start(resent)
+    monkeypatch.undo()
+    _swept_until_stopped(qc, job)
+    assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)

@@ -64,7 +64,8 @@ def test_a_queued_job_with_a_stop_intent_left_over_is_admitted(qc, intent):
     waits for nothing: a suspension's, an earlier attempt's aborted launch's, or its own aborted
     launch's whose stop rounds are spent
     When the scheduler ticks
-    Then the job is admitted (it was skipped, and counted unplaced, at every tick for good)."""
+    Then the job is admitted (it was skipped, and counted unplaced, at every tick for good), and
+    the intent goes with its claim."""
     job = qc.submit(nnodes=1, gpus=8)
     fields = dict(LEFT_OVER[intent])
     attempt = 1 + int(fields.pop("attempt_offset", 0))
@@ -73,6 +74,7 @@ def test_a_queued_job_with_a_stop_intent_left_over_is_admitted(qc, intent):
                                                  "rounds": 0, **fields})
     assert qc.scheduler().tick().admitted == [job]
     assert qc.item(job)["attempt"] == 2
+    assert "stop_fanout" not in qc.item(job)  # the claim took it off: not left on the new attempt
 
 
 def test_a_queued_job_whose_aborted_launch_is_still_being_stopped_is_not_admitted(qc):

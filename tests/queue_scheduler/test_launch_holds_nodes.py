@@ -15,7 +15,8 @@ def test_a_relocation_does_not_take_a_node_a_launch_in_progress_planned(monkeypa
     """Given a 2-node launch claimed on a 2-node cluster whose start fan-out died before its
     first StartTask (both nodes still free for ECS, the launch's intent left to the sweep)
     When a relocation of another job looks for a free node
-    Then both planned nodes are held by the launch, and the relocation finds none."""
+    Then both planned nodes are held by the launch, and the relocation finds none; the placement
+    holds do not reserve them."""
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
@@ -28,8 +29,10 @@ def test_a_relocation_does_not_take_a_node_a_launch_in_progress_planned(monkeypa
         nodes = qc.recovery.restarts.nodes
         planned = {qc.sim.node(n).container_instance_id for n in ("node-0", "node-1")}
 
-        held = nodes.held()
+        held = nodes.held(launches=True)
         assert {n: held.nodes.get(n) for n in planned} == {n: job for n in planned}
+        # Not reserved by the placement holds (a recovery's): the launch places its ranks itself.
+        assert not planned & set(nodes.held().nodes)
         other = Job("relocating", JobState.PENDING_RESTART, world_size=1, attempt=1)
         assert nodes.free_for(other, ["gone-node"]).targets is None
     finally:

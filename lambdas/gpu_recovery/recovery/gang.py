@@ -503,9 +503,11 @@ class GangOps:
         if launch and self._launch_moved_on(job):
             # Aborted (or canceled) since the batch read the job: nothing of it is started. Its
             # abort came after these claims otherwise: its stop sees the leases (they stay open
-            # while the start runs) and ends once they are settled.
+            # while the start runs) and ends once they are settled. A lease taken over stays: its
+            # dead holder may have started the task, which the stop looks up once it runs out.
             for template in claimed:
-                self.fanouts.release_rank_launch(template, attempt)
+                if template.launch_attempt != attempt:
+                    self.fanouts.release_rank_launch(template, attempt)
             raise LaunchMovedOn(job.job_id)
         on_node = {t.node: t for t in claimed}  # a call starts one rank a node
         first = claimed[0]

@@ -5,10 +5,10 @@
   gang restart has placed every rank (STARTING, until RUNNING) or it ends: the nodes of the
   fault's attempt (its latch shards, ``ceil(n / 64)`` reads) and its relocation's targets (the
   placement item). No other placement of the stack's takes them, and they carry the
-  ``reserved`` placement value for every other scheduler (``recovery.placement``). A queue
-  launch in progress (STARTING, its ranks being started) holds the nodes its plan gave them
-  (one read of the plan per launch in progress). With them:
-  the relocatable jobs waiting for a free node (``RelocationWait``), oldest first.
+  ``reserved`` placement value for every other scheduler (``recovery.placement``). For a
+  relocation's search, a queue launch in progress (STARTING, its ranks being started) holds the
+  nodes its plan gave them too (one read of the plan per launch in progress; not reserved).
+  With them: the relocatable jobs waiting for a free node (``RelocationWait``), oldest first.
 * :meth:`RestartNodes.free_for` — one cluster snapshot (ListContainerInstances + Describe by
   100, the instance items), then a healthy free node for each node a relocating job leaves
   (``domain.relocation.choose_targets``), among the nodes ECS and the stack agree are free
@@ -100,20 +100,23 @@ class RestartNodes:
         nodes.discard("")
         return nodes
 
-    def held(self, except_job: str = "", *,
+    def held(self, except_job: str = "", *, launches: bool = False,
              deadline_items: Sequence[Mapping[str, Any]] | None = None) -> Held:
         """node -> the job in recovery holding it (but ``except_job``), and the relocation
         waits: read once per relocation or holds refresh, never per event
-        (``deadline_items``: the job table's deadline index as the sweep just read it)."""
+        (``deadline_items``: the job table's deadline index as the sweep just read it).
+        ``launches``: the queue launches in progress hold nodes too (a relocation's search); the
+        placement holds leave them out (their nodes are not reserved for a recovery)."""
         out = Held()
         for item in self.scheduling.jobs_holding_nodes(deadline_items):
             other = self.data.jobs.job_from_item(item)
-            if other.job_id == except_job:
+            launching = bool(self.scheduling.launches_in_progress([item]))
+            if other.job_id == except_job or (launching and not launches):
                 continue
             out.jobs.add(other.job_id)
             # A queue launch in progress: the nodes its plan gave its ranks (one read of the plan
             # per launch in progress), started or not yet.
-            planned = self.scheduling.planned_nodes(item)
+            planned = self.scheduling.planned_nodes(item) if launching else set()
             for node in sorted(self.nodes_of(other) | planned):
                 out.nodes.setdefault(node, other.job_id)
             if other.relocation_wait is not None and other.state is JobState.PENDING_RESTART:
@@ -127,7 +130,7 @@ class RestartNodes:
         described = self.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
         cluster = views(described, repo.instances.get_instances(ids) if ids else {})
-        held = self.held(job.job_id)
+        held = self.held(job.job_id, launches=True)
         own = repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
         registered = {v.node_id: v.node.total_gpus for v in cluster}
         candidates = [v.node for v in cluster if v.placeable and v.node_id not in held.nodes

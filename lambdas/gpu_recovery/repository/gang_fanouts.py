@@ -127,9 +127,9 @@ class GangFanoutRepository:
 
     def open_launch_leases(self, job_id: str, attempt: int, world_size: int
                            ) -> tuple[list[Rank], list[LaunchLease]]:
-        """The end of an aborted launch's stop (once, in the sweep: ``world_size`` items, 100 a
-        BatchGetItem): the ranks ``attempt`` registered that did not end, and the leases of
-        ``attempt`` no rank was registered over and not given back."""
+        """The end of an aborted launch's stop (in the sweep, until its leases are settled:
+        ``world_size`` items, 100 a BatchGetItem): the ranks ``attempt`` registered that did not
+        end, and the leases of ``attempt`` no rank was registered over and not given back."""
         keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(world_size)]
         live: list[Rank] = []
         leases: list[LaunchLease] = []

@@ -251,7 +251,9 @@ class SchedulingRepository:
                         "start_fanout": {"attempt": attempt, "at": now, "kind": LAUNCH},
                         **self.repo.job_deadline_fields(now + LAUNCH_BACKSTOP_SECONDS)},
             increments={"resume_count": 1} if resumed else None,
-            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held",
+            # A stop intent still on the job waits for nothing (``aborted_launch_stopping``: the
+            # scheduler admitted it): it goes, or it would stay on the new attempt for good.
+            remove_fields=[QUEUE_PK, QUEUE_SK, "launched_at", "wait_reason", "held", "stop_fanout",
                            *(["relocation"] if "relocations" in extra else [])],
         )
         lease = Update(  # only while the lease is ours
