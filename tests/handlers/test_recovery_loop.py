@@ -599,10 +599,10 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
     sweep finds rank 1's task by its deterministic startedBy once the lease expired and
     registers it (never a second task); the job is RUNNING only once every rank of the
     attempt is registered."""
-    from gpu_recovery.recovery.gang import GangOps
+    from gpu_recovery.recovery.rank_templates import RestartTemplates
 
     start(cluster, "half", ["node-a", "node-b"])
-    real = GangOps._register
+    real = RestartTemplates.register  # a gang restart's registration of a rank it started
     calls = {"n": 0}
 
     def dies_on_second(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -611,7 +611,7 @@ def test_restart_interrupted_half_way_is_finished_by_the_sweep(
             raise TimeoutError("Lambda timed out after rank 0 was registered")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(GangOps, "_register", dies_on_second)
+    monkeypatch.setattr(RestartTemplates, "register", dies_on_second)
     cluster.sim.inject_gpu_fault("node-b", after=2 * MIN, health="reboot_fixable", nccl_cascade=True)
     cluster.sim.run_for(23 * MIN)
     job = cluster.job("half")
