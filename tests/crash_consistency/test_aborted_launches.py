@@ -2,10 +2,11 @@
 aborted attempt is left running.
 
 The campaigns break one call per run: a launch whose StartTask ECS answers with a failure
-(time sharing's flow, bob's job: its rank 1 placed nowhere) is aborted and the job queued
-again, but the abort's own calls (the rank's launch lease released, the requeue with its stop
-intent, the look for a rank started and not registered, the rank's stop asked, its StopTask, the
-stop intent's end) ran only after another call was broken, and were never broken themselves. Here
+(time sharing's flow, its last launch: alice's job resumed once bob's completed, its rank 1
+placed nowhere) is aborted and the job queued again, but the abort's own calls (the rank's
+launch lease released, the requeue with its stop intent, the look for a rank started and not
+registered, the rank's stop asked, its StopTask, the stop intent's end) ran only after another
+call was broken, and were never broken themselves. Here
 the first fault aborts the launch and each of those calls is then broken in every mode its
 operation takes (``runner.then_breaking``): each run owes what every time-sharing run owes,
 among it that every task of an earlier attempt was stopped by the stack
@@ -40,7 +41,7 @@ START_SITE = "recovery/gang.py:_start_call"
 ABORT_SITES = ("recovery/queue_launches.py", "recovery/gang.py:_start_batch", "recovery/ranks.py",
                "recovery/gang.py:_stop_batch", "recovery/gang.py:stop", "recovery/gang.py:_launch_settled",
                "recovery/gang.py:end_aborted_launch")
-#: the first fault: the queue launch's second StartTask (bob's rank 1), answered with a failure
+#: the first fault: the last launch's last StartTask (alice's resume, rank 1), answered with a failure
 FIRST_MODE = "ecs_failures"
 
 
@@ -131,7 +132,7 @@ def _abort_window() -> tuple[tuple[int, str], list[ApiCall]]:
     """The first fault, and the abort's calls right after it in that run: its requeue, its
     rank's stop (asked, StopTask) and its stop intent's end."""
     starts = [c for c in _calls(None) if c.operation == "StartTask" and c.site.startswith(START_SITE)]
-    first = (starts[-1].index, FIRST_MODE)  # bob's rank 1: the last the flow's launches start
+    first = (starts[-1].index, FIRST_MODE)  # alice's resume launch's rank 1: the last
     window = []
     for call in (c for c in _calls(first) if c.index > first[0]):
         if not call.site.startswith(ABORT_SITES):

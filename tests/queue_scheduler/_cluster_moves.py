@@ -3,6 +3,7 @@ a node's GPUs, AWS's throttle, a rank's environment, a launch cut short at one o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -43,17 +44,27 @@ def launch_dies_registering(qc: Any, monkeypatch: Any, rank: int) -> None:
     monkeypatch.setattr(launches, "register", dies_at_rank)
 
 
-def launch_dies_starting(qc: Any, monkeypatch: Any, call: int) -> None:
-    """The start fan-out's ``call``-th StartTask (1: the first) dies before ECS is asked, once."""
+def at_start_task(qc: Any, monkeypatch: Any, call: int, action: Callable[[], None]) -> None:
+    """``action`` runs as the start fan-out's ``call``-th StartTask (1: the first) is about to be
+    made, once (it raises: the start dies before ECS is asked)."""
     ecs = qc.recovery.gang.ecs
     start_task = ecs.start_task
     calls = [0]
 
-    def dies(**kwargs: Any) -> Any:
+    def at_call(**kwargs: Any) -> Any:
         calls[0] += 1
         if calls[0] == call:
             monkeypatch.setattr(ecs, "start_task", start_task)
-            raise RuntimeError("died")
+            action()
         return start_task(**kwargs)
 
-    monkeypatch.setattr(ecs, "start_task", dies)
+    monkeypatch.setattr(ecs, "start_task", at_call)
+
+
+def launch_dies_starting(qc: Any, monkeypatch: Any, call: int) -> None:
+    """The start fan-out's ``call``-th StartTask (1: the first) dies before ECS is asked, once."""
+
+    def dies() -> None:
+        raise RuntimeError("died")
+
+    at_start_task(qc, monkeypatch, call, dies)

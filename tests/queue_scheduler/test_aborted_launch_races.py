@@ -12,7 +12,7 @@ from typing import Any
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.admission import FailureKind
-from tests.queue_scheduler._cluster_moves import launch_dies_registering, steal_gpus
+from tests.queue_scheduler._cluster_moves import at_start_task, launch_dies_registering, steal_gpus
 
 
 def _abort(qc: Any, job: str) -> None:
@@ -25,18 +25,22 @@ def _abort(qc: Any, job: str) -> None:
 def _aborted_while_starting(qc: Any, monkeypatch: Any, job: str, call: int) -> None:
     """The launch is aborted while its ``call``-th StartTask is in flight (after the start read
     the job again), once."""
-    ecs = qc.recovery.gang.ecs
-    start_task = ecs.start_task
-    calls = [0]
+    at_start_task(qc, monkeypatch, call, lambda: _abort(qc, job))
 
-    def aborted_first(**kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == call:
-            monkeypatch.setattr(ecs, "start_task", start_task)
+
+def _aborted_at_claim_of(qc: Any, monkeypatch: Any, job: str, rank: int) -> None:
+    """The launch is aborted as a start claims ``rank``'s lease (after it read the job STARTING),
+    once."""
+    fanouts = qc.recovery.gang.fanouts
+    claim = fanouts.claim_rank_launch
+
+    def aborted_first(template: Any, *args: Any, **kwargs: Any) -> Any:
+        if template.rank == rank:
+            monkeypatch.setattr(fanouts, "claim_rank_launch", claim)
             _abort(qc, job)
-        return start_task(**kwargs)
+        return claim(template, *args, **kwargs)
 
-    monkeypatch.setattr(ecs, "start_task", aborted_first)
+    monkeypatch.setattr(fanouts, "claim_rank_launch", aborted_first)
 
 
 def _swept_until_stopped(qc: Any, job: str, sweeps: int = 6) -> None:
@@ -87,16 +91,7 @@ def test_a_start_whose_lease_is_won_after_the_abort_starts_nothing(qc, monkeypat
     Then it reads the job again and gives the lease back, starting nothing; the abort's stop
     ends at once (rank 0 stopped), and no task of the launch runs once it stopped."""
     job = qc.submit(nnodes=2, gpus=8)
-    fanouts = qc.recovery.gang.fanouts
-    claim = fanouts.claim_rank_launch
-
-    def aborted_first(rank: Any, *args: Any, **kwargs: Any) -> Any:
-        if rank.rank == 1:
-            monkeypatch.setattr(fanouts, "claim_rank_launch", claim)
-            _abort(qc, job)
-        return claim(rank, *args, **kwargs)
-
-    monkeypatch.setattr(fanouts, "claim_rank_launch", aborted_first)
+    _aborted_at_claim_of(qc, monkeypatch, job, 1)
     started = qc.sim.counters["tasks_started"]
     qc.scheduler().tick()
     monkeypatch.undo()
@@ -169,16 +164,7 @@ def test_a_lease_taken_over_after_its_holder_died_is_looked_up_even_if_the_launc
     qc.sim.run_for(C.LAUNCH_LEASE_SECONDS + 1)
     monkeypatch.undo()
     assert qc.state(job) is JobState.STARTING and qc.repo.jobs.get_rank(job, 1) is None
-    fanouts = qc.recovery.gang.fanouts
-    claim = fanouts.claim_rank_launch
-
-    def aborted_first(rank: Any, *args: Any, **kwargs: Any) -> Any:
-        if rank.rank == 1:
-            monkeypatch.setattr(fanouts, "claim_rank_launch", claim)
-            _abort(qc, job)
-        return claim(rank, *args, **kwargs)
-
-    monkeypatch.setattr(fanouts, "claim_rank_launch", aborted_first)
+    _aborted_at_claim_of(qc, monkeypatch, job, 1)
     resent = qc.repo.jobs.get_job(job)
     assert resent is not None and qc.repo.jobs.get_rank(job, 1) is None
     qc.recovery.gang.start(resent)

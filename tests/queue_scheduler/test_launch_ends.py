@@ -16,7 +16,8 @@ from gpu_recovery.constants import JobState
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from tests.fixtures.queue_cluster import make_queue_cluster
-from tests.queue_scheduler._cluster_moves import steal_gpus, throttled
+from tests.queue_scheduler._cluster_moves import throttled
+from tests.queue_scheduler._launches import Recorded, launch_that_fails_on_node_1
 
 
 def _set_fields(qc: Any, job: str, **fields: Any) -> None:
@@ -34,16 +35,6 @@ def _start_task_throttled(qc: Any, monkeypatch: Any) -> None:
         raise throttled("StartTask")
 
     monkeypatch.setattr(qc.recovery.gang.ecs, "start_task", refused)
-
-
-class Recorded:
-    """The recovery's metrics, as emitted."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def add_metric(self, name: str, unit: str, value: float) -> None:
-        self.names.extend([name] * int(value))
 
 
 LEFT_OVER = {
@@ -99,18 +90,7 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job = qc.submit(nnodes=2, gpus=8)
-        scheduler = qc.scheduler()
-        real_snapshot = scheduler.snapshot
-        thieves: list[str] = []
-
-        def racing_snapshot():
-            nodes = real_snapshot()
-            if not thieves:  # node-1 taken after the look: rank 1 is not placed
-                thieves.append(steal_gpus(qc, "node-1"))
-            return nodes
-
-        scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+        job, scheduler, thieves = launch_that_fails_on_node_1(qc)
         ecs = qc.recovery.gang.ecs
         asked: list[str] = []
 
@@ -223,16 +203,7 @@ def test_an_aborted_launch_is_never_marked_complete_after(monkeypatch):
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job = qc.submit(nnodes=2, gpus=8)
-        scheduler = qc.scheduler()
-        real_snapshot = scheduler.snapshot
-
-        def racing_snapshot():
-            nodes = real_snapshot()
-            steal_gpus(qc, "node-1")
-            return nodes
-
-        scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+        job, scheduler, _ = launch_that_fails_on_node_1(qc)
         [launch] = scheduler.tick().launches
         assert launch["action"] == "requeued"
         store = SchedulingRepository(qc.repo.jobs)

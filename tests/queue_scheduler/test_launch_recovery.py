@@ -20,29 +20,12 @@ from tests.queue_scheduler._cluster_moves import (
     steal_gpus,
     throttled,
 )
+from tests.queue_scheduler._launches import launch_that_fails_on_node_1
 
 
 def sweep(qc: Any) -> Any:
     """One run of the recovery sweep (every minute when deployed)."""
     return qc.recovery.sweep()
-
-
-def _launch_that_fails_on_node_1(qc: Any) -> tuple[str, Any, list[str]]:
-    """A 2-node job on a 2-node cluster whose node-1 another tenant takes between the tick's
-    snapshot and its StartTask (once): rank 0 starts, rank 1 is not placed."""
-    job = qc.submit(nnodes=2, gpus=8)
-    scheduler = qc.scheduler()
-    real_snapshot = scheduler.snapshot
-    thieves: list[str] = []
-
-    def racing_snapshot():
-        nodes = real_snapshot()
-        if not thieves:
-            thieves.append(steal_gpus(qc, "node-1"))
-        return nodes
-
-    scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
-    return job, scheduler, thieves
 
 
 def _stopped_by_the_sweep_then_admitted(qc: Any, job: str, scheduler: Any, thief: str) -> None:
@@ -73,7 +56,7 @@ def test_a_failed_launch_whose_stop_is_refused_is_stopped_before_the_job_runs_ag
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job, scheduler, thieves = _launch_that_fails_on_node_1(qc)
+        job, scheduler, thieves = launch_that_fails_on_node_1(qc)
         ecs = qc.recovery.gang.ecs
         stop_task = ecs.stop_task
 
@@ -98,7 +81,7 @@ def test_a_failed_launch_whose_stops_were_never_sent_is_stopped_before_the_job_r
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job, scheduler, thieves = _launch_that_fails_on_node_1(qc)
+        job, scheduler, thieves = launch_that_fails_on_node_1(qc)
 
         def dies(*_: Any, **__: Any) -> Any:
             raise RuntimeError("died")
