@@ -7,12 +7,14 @@ launched again by the start fan-out). No task is left running, none started twic
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState, RankState, job_group
 from gpu_recovery.domain.rank_template import LAUNCH
+from gpu_recovery.queue import scheduler as scheduler_module
 from gpu_recovery.queue.ledger_drain import old_started_by
 from gpu_recovery.recovery.launch_templates import LaunchSpec, build_overrides, rank_tags
 from gpu_recovery.recovery.ranks import RankRegistration
@@ -20,18 +22,20 @@ from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
 from tests.fixtures.queue_cluster import make_queue_cluster
+from tests.queue_scheduler._launches import Recorded
 
 
-def _old_launch_in_flight(qc: Any, job_id: str, *, started: int, registered: int) -> list[str]:
+def _old_launch_in_flight(qc: Any, job_id: str, *, started: int, registered: int, first_node: int = 0
+                          ) -> list[str]:
     """What the older release's launcher left when its tick died mid-launch of ``job_id``
-    (attempt 1 on node-0, node-1 ...): its claim (the job STARTING, its plan without the task
-    definition's ARN and container, the plan's nodes, its ledger entry), ``started`` ranks'
-    StartTasks (its startedBy) and ``registered`` of them registered with the recovery loop.
-    The tasks started."""
+    (attempt 1 on node-``first_node``, the next node ...): its claim (the job STARTING, its plan
+    without the task definition's ARN and container, the plan's nodes, its ledger entry),
+    ``started`` ranks' StartTasks (its startedBy) and ``registered`` of them registered with the
+    recovery loop. The tasks started."""
     store = SchedulingRepository(qc.repo.jobs)
     item = qc.item(job_id)
     world = int(item["world_size"])
-    nodes = [qc.sim.node(f"node-{i}") for i in range(world)]
+    nodes = [qc.sim.node(f"node-{first_node + i}") for i in range(world)]
     now = qc.sim.now()
     plan = {"attempt": 1, "world_size": world, "rank0_node": nodes[0].container_instance_id,
             "master_addr": "10.0.0.10", "master_port": 29500, "instance_type": "", "relocated": False}
@@ -245,5 +249,77 @@ def test_a_tick_dying_mid_drain_leaves_the_entry_for_the_next_one(monkeypatch: A
                 break
         qc.sim.run_for(60)
         assert qc.item(job)["attempt"] == 2 and len(qc.live_tasks(job)) == 2
+    finally:
+        gen.close()
+
+
+def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
+    """Given the older launcher's launches of two 1-node jobs in flight (both ranks started and
+    registered), the tick's budget 30 s, and the first drain taking 40 s (a slow AWS)
+    When the upgraded scheduler ticks, then ticks again
+    Then the first tick drains the first launch only and defers the second (it stays in the
+    ledger, its job not admitted); the next tick drains it."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        first, second = qc.submit(nnodes=1, gpus=8), qc.submit(nnodes=1, gpus=8)
+        for node, job in enumerate((first, second)):
+            _old_launch_in_flight(qc, job, started=1, registered=1, first_node=node)
+        entry = {"attempt": 1, "claimed_at": int(qc.sim.now()), "resumes": 0}
+        qc.table().update_item(Key={C.JOB_PK: LEASE_KEY}, UpdateExpression="SET inflight = :l",
+                               ExpressionAttributeValues={":l": {first: entry, second: entry}})
+        elapsed = [0.0]
+        monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(monotonic=lambda: elapsed[0]))
+        scheduler = qc.scheduler()
+        store = scheduler.drain.store  # type: ignore[union-attr]
+        job_item = store.job_item
+
+        def slow(job_id: str) -> Any:
+            elapsed[0] += 40
+            return job_item(job_id)
+
+        monkeypatch.setattr(store, "job_item", slow)
+        drained = scheduler.tick(time_budget_seconds=30).drained
+        earlier, later = sorted([first, second])
+        assert drained == [{"job_id": earlier, "action": "completed"},
+                           {"job_id": later, "action": "deferred"}]
+        assert set(_ledger(qc)) == {later}
+        assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
+        assert _ledger(qc) == {}
+    finally:
+        gen.close()
+
+
+def test_launches_not_drained_are_counted_every_tick(monkeypatch: Any) -> None:
+    """Given the older launcher's launch of a 2-node job aborted by that launcher (requeued, both
+    ranks started and registered), ECS refusing every StopTask
+    When the upgraded scheduler ticks twice
+    Then each tick counts the launch in UpgradeLaunchesNotDrained (it keeps the job out of
+    admission: only a WARNING log said so); once ECS takes the stops it is drained and no longer
+    counted."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        job = qc.submit(nnodes=2, gpus=8)
+        _old_launch_in_flight(qc, job, started=2, registered=2)
+        assert SchedulingRepository(qc.repo.jobs).requeue_after_failed_launch(
+            job, 1, reason="start failed (INSUFFICIENT_RESOURCES)", queue_order=C.queue_order(0, 0.0, job),
+            not_before=0, resource_failures=1, attempts=[])
+        recorded = Recorded()
+        monkeypatch.setattr(qc.recovery.gang.metrics, "target", recorded)
+        scheduler = qc.scheduler()
+        ecs = scheduler.drain.ecs  # type: ignore[union-attr]
+        stop_task = ecs.stop_task
+
+        def refused(task_arn: str, reason: str) -> None:
+            raise RuntimeError("ThrottlingException")
+
+        monkeypatch.setattr(ecs, "stop_task", refused)
+        for _ in range(2):
+            assert scheduler.tick().drained == [{"job_id": job, "action": "stops_pending"}]
+        assert recorded.names.count("UpgradeLaunchesNotDrained") == 2
+        monkeypatch.setattr(ecs, "stop_task", stop_task)
+        assert scheduler.tick().drained == [{"job_id": job, "action": "abandoned"}]
+        assert recorded.names.count("UpgradeLaunchesNotDrained") == 2
     finally:
         gen.close()

@@ -20,14 +20,18 @@ read) and, while it is not empty, ends each of its launches here:
   it, found by its old ``startedBy``), a cancel with no live rank finished.
 
 Each step is idempotent and the entry goes last (a conditional REMOVE): a tick dying mid-drain
-leaves the entry, and the next tick finishes it.
+leaves the entry, and the next tick finishes it. The drain keeps to the tick's time budget: an
+entry not reached (``deferred``) is the next tick's. An entry this tick could not drain (a step
+failed: ``drain_failed``; a stop ECS refused: ``stops_pending``) keeps its job out of admission
+until it is: each counts in ``UpgradeLaunchesNotDrained`` (a metric that stays above 0 tick after
+tick is a launch someone has to look at).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -36,12 +40,15 @@ from gpu_recovery.domain import started_by
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES, JobState
 from gpu_recovery.queue.admission import FailureKind
+from gpu_recovery.recovery.ports import MetricsPort, NullMetrics
 from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import SchedulingRepository
 
 logger = logging.getLogger(__name__)
 
 UPGRADE_REASON = "launch in flight when the stack was upgraded (its launcher replaced): started again"
+# The entries a tick tried and could not drain: each keeps its job out of admission meanwhile.
+NOT_DRAINED = ("drain_failed", "stops_pending")
 
 
 def old_started_by(job_id: str, attempt: int, rank: int) -> str:
@@ -76,11 +83,17 @@ class LedgerDrain:
     ranks: DrainRanks
     ecs: StopsOrphans
     launches: EndsLaunches
+    metrics: MetricsPort = field(default_factory=NullMetrics)  # the invocation's
 
-    def run(self, ledger: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
-        """End every launch of ``ledger`` (job id -> entry, as read with the lease)."""
+    def run(self, ledger: Mapping[str, Mapping[str, Any]],
+            time_left: Callable[[], float] = lambda: float("inf")) -> list[dict[str, str]]:
+        """End every launch of ``ledger`` (job id -> entry, as read with the lease) while the
+        tick's budget (``time_left``, seconds) lasts: the rest is deferred to the next tick."""
         outcomes = []
         for job_id, entry in sorted(ledger.items()):
+            if time_left() <= 0:
+                outcomes.append({"job_id": job_id, "action": "deferred"})
+                continue
             try:
                 action = self._drain(job_id, int(entry.get("attempt") or 0))
             except Exception:  # one launch's failure does not stop the tick: the next one retries
@@ -88,6 +101,9 @@ class LedgerDrain:
                                exc_info=True, extra={"job_id": job_id})
                 action = "drain_failed"
             outcomes.append({"job_id": job_id, "action": action})
+        not_drained = sum(1 for outcome in outcomes if outcome["action"] in NOT_DRAINED)
+        if not_drained:
+            self.metrics.add_metric("UpgradeLaunchesNotDrained", "Count", not_drained)
         return outcomes
 
     def _drain(self, job_id: str, attempt: int) -> str:

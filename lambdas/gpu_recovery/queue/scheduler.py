@@ -63,6 +63,7 @@ from gpu_recovery.queue.ledger_drain import EndsLaunches, LedgerDrain, StopsOrph
 from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
 from gpu_recovery.queue.time_sharing import SuspendPort, TimeSharing, subject_of
 from gpu_recovery.recovery.free_nodes import unhandled_stops
+from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
@@ -215,7 +216,7 @@ class QueueScheduler:
         try:
             result = TickResult()
             if self.drain is not None and self.lease.ledger:  # only until an upgrade's ledger is drained
-                result.drained = self.drain.run(self.lease.ledger)
+                result.drained = self.drain.run(self.lease.ledger, time_left)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
@@ -493,6 +494,8 @@ class RecoveryLoop(StartsRanks, SuspendPort, Protocol):
 
     @property
     def launches(self) -> EndsLaunches: ...
+    @property
+    def metrics(self) -> MetricsPort: ...
 
 
 def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: RecoveryLoop,
@@ -520,7 +523,7 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(recovery, task_definitions, hosts, store, lease.owner, sharing=config.sharing)
     sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
-    drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches)
+    drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches, recovery.metrics)
     return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas,
                           drain)
 
