@@ -20,6 +20,10 @@ says what to do (the runbook is docs/operations.md):
   nothing moves it on, so it neither recovers nor fails and nobody is e-mailed. No data
   is breaching: the sweep emits the count every run, so a gap means it is not running or
   not reaching the job items, and that must not read as "no job is stuck".
+* **an aborted launch's stops given up**: the recovery sweep asked a queue launch's started
+  ranks to stop 1 + 6 times, no rank confirmed stopped, and gave up (``AbortedLaunchStopsGivenUp``,
+  counted once per launch): the job is queued again while a rank of it may still run (its
+  node's agent gone). No data is not breaching: the metric is emitted only when it happens.
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
 circuit breaker, jobs past their due time, suspends (time sharing), the work queues (gang
@@ -47,6 +51,8 @@ from gpu_recovery.constants import (
     DIMENSION_CAUSE,
     DIMENSION_EVIDENCE_SOURCE,
     GANG_QUEUE_MAX_RECEIVES,
+    MAX_STOP_ROUNDS,
+    METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
     METRIC_GPU_HOURS_LOST,
     METRIC_JOB_ETTR,
     METRIC_OLDEST_DUE_JOB_SECONDS,
@@ -186,11 +192,26 @@ def overdue_alarm_description(sweep: RecoveryFunction) -> str:
     )
 
 
-def overdue_jobs_metric(sweep: RecoveryFunction, metric_name: str = METRIC_OVERDUE_JOBS) -> cloudwatch.Metric:
-    """A metric the sweep emits once per run (Powertools: namespace, ``service`` dimension)."""
+def aborted_launch_stops_alarm_description(sweep: RecoveryFunction) -> str:
+    return (
+        f"The recovery sweep ({sweep.node.id}) gave up the stop of a queue launch it aborted: its "
+        f"started ranks were asked to stop {1 + MAX_STOP_ROUNDS} times and one is still not "
+        f"confirmed stopped ({METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP}). The job is queued again and may "
+        f"start while that rank still runs, typically on a node whose ECS agent is gone. Read the "
+        f"ERROR line 'stops of an aborted launch given up' in log group "
+        f"{sweep.log_group.log_group_name} (it names the job and attempt); `gpujobs show` lists its "
+        f"ranks' nodes: stop a task of the attempt still running by hand, replace a node whose agent "
+        f"is gone (section 'Aborted launches whose stops were given up'). {RUNBOOK}"
+    )
+
+
+def sweep_metric(sweep: RecoveryFunction, metric_name: str = METRIC_OVERDUE_JOBS,
+                        statistic: str = "Maximum", minutes: int = 1) -> cloudwatch.Metric:
+    """A metric the sweep emits (Powertools: namespace, ``service`` dimension): once per run by
+    default, or when it happens (another ``statistic`` over ``minutes``)."""
     return cloudwatch.Metric(namespace=METRICS_NAMESPACE, metric_name=metric_name,
-                             dimensions_map={"service": sweep.service_name}, statistic="Maximum",
-                             period=Duration.minutes(1))
+                             dimensions_map={"service": sweep.service_name}, statistic=statistic,
+                             period=Duration.minutes(minutes))
 
 
 class Monitoring(Construct):
@@ -199,8 +220,8 @@ class Monitoring(Construct):
     ``invocations`` says how each function of ``functions`` is invoked (every function
     needs one); ``dead_letter_queues`` are named like the function they serve;
     ``recovery_sweep`` emits the overdue-jobs metric.
-    Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``overdue_alarm``, ``alarms``
-    (all), ``dashboard``.
+    Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``overdue_alarm``,
+    ``aborted_launch_stops_alarm``, ``alarms`` (all), ``dashboard``.
     """
 
     def __init__(
@@ -254,7 +275,7 @@ class Monitoring(Construct):
         self.overdue_alarm = cloudwatch.Alarm(
             self, "OverdueJobsAlarm",
             alarm_description=overdue_alarm_description(recovery_sweep),
-            metric=overdue_jobs_metric(recovery_sweep),
+            metric=sweep_metric(recovery_sweep),
             threshold=0,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
             evaluation_periods=OVERDUE_ALARM_MINUTES,
@@ -262,8 +283,18 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         self.overdue_alarm.add_alarm_action(action)
+        self.aborted_launch_stops_alarm = cloudwatch.Alarm(
+            self, "AbortedLaunchStopsGivenUpAlarm",
+            alarm_description=aborted_launch_stops_alarm_description(recovery_sweep),
+            metric=sweep_metric(recovery_sweep, METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Sum", 5),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.aborted_launch_stops_alarm.add_alarm_action(action)
         self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values(),
-                                               self.overdue_alarm]
+                                               self.overdue_alarm, self.aborted_launch_stops_alarm]
         self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {},
                                          recovery_sweep)
 
@@ -313,8 +344,8 @@ class Monitoring(Construct):
             title=(f"Jobs past their due time (should be 0; {OVERDUE_AFTER_SECONDS // 60} min or more late), "
                    "and how late the oldest due job is (s, right)"),
             width=24,
-            left=[overdue_jobs_metric(recovery_sweep).with_(label="overdue jobs")],
-            right=[overdue_jobs_metric(recovery_sweep, metric_name=METRIC_OLDEST_DUE_JOB_SECONDS).with_(
+            left=[sweep_metric(recovery_sweep).with_(label="overdue jobs")],
+            right=[sweep_metric(recovery_sweep, metric_name=METRIC_OLDEST_DUE_JOB_SECONDS).with_(
                 label="oldest due job, s late")],
             right_annotations=[cloudwatch.HorizontalAnnotation(
                 value=OVERDUE_AFTER_SECONDS, label="overdue", color=cloudwatch.Color.RED)],

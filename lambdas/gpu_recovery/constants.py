@@ -166,10 +166,10 @@ METRIC_SUSPECTS_CLEARED = "SuspectsCleared"
 DIMENSION_EVIDENCE_SOURCE = "EvidenceSource"
 # A finished job's goodput ledger (docs/goodput.md): GPU-hours lost per cause, and its ETTR.
 METRIC_GPU_HOURS_LOST, DIMENSION_CAUSE, METRIC_JOB_ETTR = "GpuHoursLost", "Cause", "JobEttr"
-# The recovery sweep's count of jobs past their due time (domain.overdue) and how late the
-# oldest due job is, every minute; infra/monitoring.py alarms on the first.
-METRIC_OVERDUE_JOBS = "OverdueJobs"
-METRIC_OLDEST_DUE_JOB_SECONDS = "OldestDueJobSeconds"
+# The recovery sweep's: jobs past their due time (domain.overdue), how late the oldest due job is (each
+# run), aborted launches' stops given up (recovery.gang); infra/monitoring.py alarms on the 1st and 3rd.
+METRIC_OVERDUE_JOBS, METRIC_OLDEST_DUE_JOB_SECONDS = "OverdueJobs", "OldestDueJobSeconds"
+METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP = "AbortedLaunchStopsGivenUp"
 
 # --------------------------------------------------------------------------------------
 # DynamoDB: job table (original name "ecs-job-sub")

@@ -85,11 +85,14 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
     StopTask of rank 0 (its agent gone: the task is never reported stopped)
     When the recovery sweep runs for hours
     Then the stop is asked 1 + MAX_STOP_ROUNDS times, then the abort's stop intent ends (it
-    stayed on the queued job for good, the job never admitted again); the job is offered to
-    the scheduler again."""
+    stayed on the queued job for good, the job never admitted again), counted once in
+    AbortedLaunchStopsGivenUp (a person looks at the node: it was only logged); the job is
+    offered to the scheduler again."""
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
+        recorded = Recorded()  # on the relay: the task events' handlers point it at their own metrics
+        monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric", recorded.add_metric)
         job, scheduler, thieves = launch_that_fails_on_node_1(qc)
         ecs = qc.recovery.gang.ecs
         asked: list[str] = []
@@ -114,6 +117,7 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
                 break
         assert "stop_fanout" not in qc.item(job), qc.item(job)["stop_fanout"]
         assert asked.count(rank0.arn) == 1 + MAX_STOP_ROUNDS
+        assert recorded.names.count("AbortedLaunchStopsGivenUp") == 1
         result = scheduler.tick()
         assert result.admitted == [job] or job in result.blocked
     finally:

@@ -51,6 +51,7 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     LAUNCH_LEASE_SECONDS,
     MAX_STOP_ROUNDS,
+    METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_RANK,
@@ -253,8 +254,14 @@ class GangOps:
             # Given up: a terminal job's intent ends; so does an aborted launch's (its job queued
             # again: the scheduler admits it no more while the intent lives, and the ranks were
             # asked to stop 1 + MAX_STOP_ROUNDS times). Any other's stays for its job's own step.
-            if job.state.is_terminal or intent.get("aborted_launch"):
-                self.fanouts.end_stop(job, attempt)
+            aborted_launch = bool(intent.get("aborted_launch"))
+            if (job.state.is_terminal or aborted_launch) and self.fanouts.end_stop(job, attempt) \
+                    and aborted_launch:
+                # Its job may be admitted again while a rank of it may still run (its node's agent
+                # gone): counted (an alarm pages), since nothing else fails or tells.
+                self.metrics.add_metric(METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
+                logger.error("stops of an aborted launch given up: a rank may still run; look at its node",
+                             extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds})
             return "stop_given_up"
         wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)
         if now < float(intent["sent_at"]) + wait:
