@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.admission import FailureKind
+from tests.fixtures.queue_cluster import make_queue_cluster
 from tests.queue_scheduler._cluster_moves import at_start_task, launch_dies_registering, steal_gpus
+from tests.queue_scheduler._launches import launch_that_fails_on_node_1
 
 
 def _abort(qc: Any, job: str) -> None:
@@ -171,3 +174,35 @@ def test_a_lease_taken_over_after_its_holder_died_is_looked_up_even_if_the_launc
     monkeypatch.undo()
     _swept_until_stopped(qc, job)
     assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)
+
+
+def test_an_abort_leaves_to_the_sweep_a_rank_another_invocation_marked_and_never_asked_ecs_to_stop(
+        monkeypatch):
+    """Given a 2-node launch whose rank 1 is not placed, its rank 0 marked STOP_REQUESTED by another
+    invocation (a stop of the launch that died before its StopTask) before the abort's stop reads it
+    When the abort runs its stops inline (it asks ECS to stop nothing: rank 0 is marked already)
+    Then its stop intent does not end at once (rank 0's task still runs: the job would be admitted
+    again beside it); the sweep asks rank 0 to stop and ends the intent once it stopped."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        job, scheduler, _ = launch_that_fails_on_node_1(qc)
+        gang = qc.recovery.gang
+        stop = gang.stop
+
+        def marked_by_a_dead_stop(fresh: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(gang, "stop", stop)
+            rank0 = qc.repo.jobs.get_rank(job, 0)
+            assert rank0 is not None
+            assert qc.repo.jobs.request_rank_stop(rank0, "a stop that died", clock.now())
+            return stop(fresh, **kwargs)
+
+        monkeypatch.setattr(gang, "stop", marked_by_a_dead_stop)
+        [launch] = scheduler.tick().launches
+        monkeypatch.undo()
+        assert launch["action"] == "requeued"
+        assert qc.item(job)["stop_fanout"]["attempt"] == 1 and len(qc.live_tasks(job)) == 1
+        _swept_until_stopped(qc, job)
+        assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)
+    finally:
+        gen.close()

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.domain.states import JobState
+from gpu_recovery.domain.states import JobState, RankState
 from tests.recovery.fakes import World, world
 from tests.repository.items import job_item, set_job_fields
 
@@ -137,7 +138,37 @@ def test_an_aborted_launchs_open_leases_are_those_no_rank_was_registered_over_no
         assert fanouts.claim_rank_launch(released, 1, now + 105, now, "launch-job-a-1-r2")
         assert fanouts.release_rank_launch(released, 1)  # not placed: nothing was started
         live, leases = fanouts.open_launch_leases(JOB, 1, 4)
-        assert [r.rank for r in live] == [0]
+        assert live == {0: RankState.RUNNING}
         assert [(lease.rank, lease.until, lease.started_by) for lease in leases] == [
             (1, now + 105, "launch-job-a-1-r1")]
-        assert fanouts.open_launch_leases(JOB, 2, 4) == ([], [])  # another attempt's
+        assert fanouts.open_launch_leases(JOB, 2, 4) == ({}, [])  # another attempt's
+
+
+def test_a_launchs_reads_again_ask_only_for_the_attributes_they_use() -> None:
+    """Given a job of two ranks, one registered
+    When a launch's start reads the job again (``_launch_moved_on``, twice per StartTask call)
+    and the end of an aborted launch's stop reads its rank items (``open_launch_leases``)
+    Then the GetItem asks for the job's attempt and state only, the BatchGetItem for the rank
+    items' key, state, attempt and launch lease only (each through an expression attribute
+    name), not the whole items (overrides, tags, history); one call each, as before."""
+    with world() as w:
+        w.register_job(JOB, ["node-a", "node-b"])
+        job = w.repo.jobs.get_job(JOB)
+        assert job is not None
+        requests: list[tuple[str, dict[str, Any]]] = []
+        events = w.repo.fanouts.db.table("jobs").meta.client.meta.events
+        events.register("before-parameter-build.dynamodb",
+                        lambda params, model, **_: requests.append((model.name, params)))
+        assert not w.service.gang._launch_moved_on(job)
+        w.repo.fanouts.open_launch_leases(JOB, 1, 2)
+        assert [name for name, _ in requests] == ["GetItem", "BatchGetItem"]
+        (_, get), (_, batch) = requests
+        [read] = batch["RequestItems"].values()
+
+        def projected(request: dict[str, Any]) -> list[str]:
+            names = request["ExpressionAttributeNames"]
+            return sorted(names[token.strip()] for token in request["ProjectionExpression"].split(","))
+
+        assert projected(get) == ["attempt", "job_state"]
+        assert projected(read) == sorted([C.JOB_PK, "attempt", "launch_attempt", "launch_lease_until",
+                                          "launch_started_by", "rank_state"])

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -280,24 +280,27 @@ class GangOps:
         if not self.launch_cut_short(job, attempt) \
                 or self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size):
             return False
-        return self._launch_settled(job, attempt, now, ended=True)
+        return self._launch_settled(job, attempt, now)
 
-    def end_aborted_launch(self, job: Job, attempt: int) -> bool:
+    def end_aborted_launch(self, job: Job, attempt: int, asked: Collection[int]) -> bool:
         """An aborted launch whose starts ran inline and whose stops ECS took: its stop intent
-        ends now, unless a lease of it is still open (another invocation's start in flight: the
-        sweep ends it, ``stop_due``). One read of the ranks (at most ``gang_inline_max_ranks``)."""
-        if not self._launch_settled(job, attempt, clock.now(), ended=False):
+        ends now if every rank of it not ended is one this invocation asked ECS to stop
+        (``asked``) and no lease of it is open. Otherwise the sweep ends it (``stop_due``): another
+        invocation's start in flight, or a rank another invocation marked STOP_REQUESTED and maybe
+        died before its StopTask (its paced rounds ask it). One read of the ranks (at most
+        ``gang_inline_max_ranks``)."""
+        if not self._launch_settled(job, attempt, clock.now(), asked=asked):
             return False
         return self.fanouts.end_stop(job, attempt)
 
-    def _launch_settled(self, job: Job, attempt: int, now: float, *, ended: bool) -> bool:
-        """No rank of a launch cut short is left to stop: each rank it registered ended (or, not
-        ``ended``, was asked to stop) and no lease of it is open. A lease run out with no rank
-        registered over it (its holder died, maybe after its StartTask): its task is looked up by
-        the lease's startedBy and stopped, and the lease given back once none is listed (a lease
-        taken meanwhile is its holder's: it reads the job and starts nothing)."""
+    def _launch_settled(self, job: Job, attempt: int, now: float, *, asked: Collection[int] = ()) -> bool:
+        """No rank of a launch cut short is left to stop: each rank it registered ended (or is
+        among ``asked``: its StopTask made by the caller) and no lease of it is open. A lease run
+        out with no rank registered over it (its holder died, maybe after its StartTask): its task
+        is looked up by the lease's startedBy and stopped, and the lease given back once none is
+        listed (a lease taken meanwhile is its holder's: it reads the job and starts nothing)."""
         live, leases = self.fanouts.open_launch_leases(job.job_id, attempt, job.world_size)
-        if any(ended or rank.state in LIVE_RANK_STATES for rank in live):
+        if any(rank not in asked for rank in live):
             return False
         settled = True
         listed: dict[str, list[str]] = {}
@@ -470,10 +473,10 @@ class GangOps:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
 
     def _launch_moved_on(self, job: Job) -> bool:
-        """The launch's job, read again (a consistent GetItem, one per call), left this attempt
-        (aborted, canceled; a launch completed meanwhile by another batch has not)."""
-        fresh = self.data.get_job(job.job_id)
-        return fresh is None or fresh.attempt != job.attempt or fresh.state not in STARTED_JOB_STATES
+        """The launch's job, read again (a consistent GetItem of its attempt and state), left this
+        attempt (aborted, canceled; a launch completed meanwhile by another batch has not)."""
+        fresh = self.fanouts.launch_job(job.job_id)
+        return fresh is None or fresh[0] != job.attempt or fresh[1] not in STARTED_JOB_STATES
 
     def _stop_started(self, job: Job, started: list[int]) -> None:
         """Ranks this call started and registered for a launch aborted (or canceled) meanwhile:

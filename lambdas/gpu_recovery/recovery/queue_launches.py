@@ -175,7 +175,7 @@ class QueueLaunches:
             # it is left to stop (as a failed launch was, before the start fan-out), and the job
             # may be admitted again after its back-off. A cancel's own intent ends with its ranks.
             if applied:  # unless a start in flight holds a lease of it (the sweep ends it then)
-                self.gang.end_aborted_launch(fresh, job.attempt)
+                self.gang.end_aborted_launch(fresh, job.attempt, sent.stopped)
             elif fresh.state is JobState.CANCELING and not self._live_ranks(fresh):
                 self.store.cancel_unlaunched(job.job_id, "canceled before any rank of the launch was running")
         return action if applied else "raced"

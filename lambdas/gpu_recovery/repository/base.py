@@ -101,6 +101,15 @@ def from_ddb(value: Any) -> Any:
     return value
 
 
+def projection(attributes: Sequence[str]) -> dict[str, Any]:
+    """A read's parameters for just ``attributes`` (each through an expression attribute name),
+    none for the whole item."""
+    if not attributes:
+        return {}
+    names = {f"#p{i}": name for i, name in enumerate(attributes)}
+    return {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
+
+
 def cancellation_codes(error: ClientError) -> list[str]:
     """Per-item reasons of a cancelled transaction ("None" for items that were fine)."""
     return [str(r.get("Code") or "None") for r in error.response.get("CancellationReasons") or []]
@@ -315,8 +324,9 @@ class DynamoGateway:
             handle = self._tables[name] = self._ddb.Table(name)
         return handle
 
-    def get(self, table: str, key: dict[str, Any]) -> dict[str, Any] | None:
-        item = self.table(table).get_item(Key=key, ConsistentRead=True).get("Item")
+    def get(self, table: str, key: dict[str, Any], attributes: Sequence[str] = ()) -> dict[str, Any] | None:
+        """The item (only ``attributes`` of it, when given), read consistently."""
+        item = self.table(table).get_item(Key=key, ConsistentRead=True, **projection(attributes)).get("Item")
         return dict(item) if item else None
 
     def query_all(self, table: str, **kwargs: Any) -> list[dict[str, Any]]:
@@ -435,15 +445,18 @@ class DynamoGateway:
             trimmed = True
         return trimmed
 
-    def batch_get(self, table: str, keys: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every item of ``keys`` that exists (100 keys a call); the keys a call leaves
-        unprocessed are asked again after a back-off (see BATCH_GET_*). Raises
+    def batch_get(self, table: str, keys: Sequence[dict[str, Any]],
+                  attributes: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Every item of ``keys`` that exists (only ``attributes`` of it, when given; 100 keys a
+        call); the keys a call leaves unprocessed are asked again after a back-off (see BATCH_GET_*,
+        the projection with them: DynamoDB hands back the whole request of those keys). Raises
         :class:`UnprocessedKeysLeft` when they are still unprocessed once the patience or the
         invocation's time is spent: nothing is guessed about the items not read."""
         items: list[dict[str, Any]] = []
         for start in range(0, len(keys), _BATCH_GET_LIMIT):
             pending: dict[str, Any] = {
-                table: {"Keys": list(keys[start : start + _BATCH_GET_LIMIT]), "ConsistentRead": True}
+                table: {"Keys": list(keys[start : start + _BATCH_GET_LIMIT]), "ConsistentRead": True,
+                        **projection(attributes)}
             }
             give_up_at = clock.now() + BATCH_GET_PATIENCE_SECONDS
             for round_ in range(BATCH_GET_ROUNDS):

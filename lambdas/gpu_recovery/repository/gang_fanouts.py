@@ -14,12 +14,17 @@ from typing import Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import JOB_PK, job_item_key, rank_item_key
 from gpu_recovery.domain.models import Job, Rank
+from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.repository.base import DEADLINE_ATTRIBUTES, Update, from_ddb
 from gpu_recovery.repository.records import is_rank_item, rank_from_item
 from gpu_recovery.repository.tables import RecoveryTables
 
 #: The item a launch lease creates for a rank never started (no rank of its own yet).
 LEASE_ONLY = "RANK_LEASE"
+#: What a start reads again of its launch's job, and the end of an aborted launch's stop of the
+#: launch's rank items (``rank_state``: a rank registered, ``records.is_rank_item``).
+_LAUNCH_JOB = ("attempt", "job_state")
+_OPEN_LEASES = (JOB_PK, "rank_state", "attempt", "launch_attempt", "launch_lease_until", "launch_started_by")
 
 
 @dataclass(frozen=True)
@@ -125,26 +130,36 @@ class GangFanoutRepository:
             condition_names={"#a": "attempt", "#lu": "launch_lease_until"},
         ))
 
+    def launch_job(self, job_id: str) -> tuple[int, JobState] | None:
+        """A launch's job read again by a start under its leases (one consistent GetItem per start
+        call, twice: of its attempt and state only, not the whole item); None: no such job."""
+        item = self.db.get(self.job_table_name, {JOB_PK: job_item_key(job_id)}, attributes=_LAUNCH_JOB)
+        if item is None:
+            return None
+        item = from_ddb(item)
+        return int(item.get("attempt", 1)), JobState(item["job_state"])
+
     def open_launch_leases(self, job_id: str, attempt: int, world_size: int
-                           ) -> tuple[list[Rank], list[LaunchLease]]:
+                           ) -> tuple[dict[int, RankState], list[LaunchLease]]:
         """The end of an aborted launch's stop (in the sweep, until its leases are settled:
-        ``world_size`` items, 100 a BatchGetItem): the ranks ``attempt`` registered that did not
-        end, and the leases of ``attempt`` no rank was registered over and not given back."""
+        ``world_size`` items, 100 a BatchGetItem, of the attributes read here only): the ranks
+        ``attempt`` registered that did not end (rank -> state), and the leases of ``attempt`` no
+        rank was registered over and not given back."""
         keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(world_size)]
-        live: list[Rank] = []
+        live: dict[int, RankState] = {}
         leases: list[LaunchLease] = []
-        for raw in self.db.batch_get(self.job_table_name, keys):
+        for raw in self.db.batch_get(self.job_table_name, keys, attributes=_OPEN_LEASES):
             item = from_ddb(raw)
+            rank = int(str(item[JOB_PK]).rsplit("#", 1)[1])
             if is_rank_item(item) and int(item.get("attempt") or 0) >= attempt:
-                rank = rank_from_item(item)
-                if rank.attempt == attempt and not rank.state.is_terminal:
-                    live.append(rank)
+                state = RankState(item["rank_state"])
+                if int(item.get("attempt", 1)) == attempt and not state.is_terminal:
+                    live[rank] = state
                 continue
             until = float(item.get("launch_lease_until") or 0)
             if int(item.get("launch_attempt") or 0) == attempt and until > 0:
-                leases.append(LaunchLease(job_id, int(str(item[JOB_PK]).rsplit("#", 1)[1]), until,
-                                          str(item.get("launch_started_by") or "")))
-        return live, sorted(leases, key=lambda lease: lease.rank)
+                leases.append(LaunchLease(job_id, rank, until, str(item.get("launch_started_by") or "")))
+        return dict(sorted(live.items())), sorted(leases, key=lambda lease: lease.rank)
 
     def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
