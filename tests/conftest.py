@@ -65,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
     install_emulator_speedups()
     # The worlds' DynamoDB is the in-memory store (the crash campaigns' and the soak's), a
     # fraction of moto's CPU per call: make test takes about a fifth less time. moto's stays
-    # under the tests that pin it (dynamodb="moto", LocalAws or mock_aws entered themselves),
+    # under the tests that pin it (dynamodb="moto", LocalAws or mock_aws entered themselves,
+    # but the stage worlds of tests/recovery/fakes.py: the store, tests/repository's aside),
     # the demo's tests, the playground and the documentation's blocks. The two are held to the
     # same answers (tests/local_mode/test_memory_backend.py) and, in the slow tier, to the same
     # calls and end of a whole recovery (test_the_in_memory_dynamodb_runs_the_flow_exactly_as_moto).
