@@ -36,8 +36,8 @@ _EXPRESSIONS = [
 
 _FULL: dict[str, Any] = {
     "pk": {"S": "job#1"}, "sk": {"S": "meta"}, "status": {"S": "RUNNING"}, "version": {"N": "3"},
-         "history": {"L": [{"S": "a"}, {"S": "b"}]}, "nodes": {"M": {"n1": {"S": "x"}}},
-         "count": {"N": "1"}, "lease": {"S": "me"}, "tags": {"SS": ["t1"]}}
+    "history": {"L": [{"S": "a"}, {"S": "b"}]}, "nodes": {"M": {"n1": {"S": "x"}}},
+    "count": {"N": "1"}, "lease": {"S": "me"}, "tags": {"SS": ["t1"]}}
 _ITEMS: dict[str, dict[str, Any]] = {
     "full": _FULL,
     "keys only": {"pk": {"S": "job#1"}, "sk": {"S": "meta"}},

@@ -277,8 +277,12 @@ def _traverse(visit: _Pass, node: Any, child_id: int = -1) -> Any:
         return node
     if visit.prunes:
         below = getattr(node, _KINDS_BELOW, None)
-        if below is not None and not visit.handles(below):
-            return node
+        if below is not None:
+            handles = visit.handles_any.get(below)
+            if handles is None:
+                handles = visit.handles(below)
+            if not handles:
+                return node
     parent = node.parent
     children = node.children
     if children is not None:
