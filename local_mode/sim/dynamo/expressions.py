@@ -101,9 +101,26 @@ def _update_tree(expression: str) -> Any:
             tree = UpdateExpressionParser.make(expression)
         except DynamodbException as error:
             raise _from_moto(error) from None
+        _mark_kinds_below(tree, {})
         with _cache_lock:
             _update_trees[expression] = tree
     return _clone_tree(tree)
+
+
+#: the attribute of a parsed update expression's nodes (and so of their clones) naming the node
+#: classes in the node's subtree, itself included (see _traverse)
+_KINDS_BELOW = "_local_mode_kinds_below"
+
+
+def _mark_kinds_below(node: Any, interned: dict[frozenset[type], frozenset[type]]) -> frozenset[type]:
+    kinds = {type(node)}
+    if isinstance(node.children, list):
+        for child in node.children:
+            if _is_node(child):
+                kinds |= _mark_kinds_below(child, interned)
+    below = interned.setdefault(frozenset(kinds), frozenset(kinds))
+    setattr(node, _KINDS_BELOW, below)
+    return below
 
 
 def _attribute_names(tree: Any, names: Mapping[str, str], expression: str | None = None) -> set[str]:
@@ -167,8 +184,9 @@ _structure_passed: set[tuple[Any, ...]] = set()
 
 class _Validator(UpdateExpressionValidator):
     """moto's update validator without its defensive deepcopy (we pass a fresh clone), its
-    structure checks run once per expression (``_STRUCTURE_CHECKS``), and its traversal with
-    the node-type tests cached (:func:`_traverse`). Same processors, same order, same tree."""
+    structure checks run once per expression (``_STRUCTURE_CHECKS``), and its traversals
+    entering only the subtrees where the processor has something to process
+    (:func:`_traverse`). Same processors, same order, same tree."""
 
     def __init__(self, tree: Any, names: dict[str, str], values: dict[str, Any], item: Item,
                  table: Any, expression: str = "") -> None:
@@ -186,10 +204,11 @@ class _Validator(UpdateExpressionValidator):
         key = self._structure_key
         passed = key is not None and key in _structure_passed
         structural = [p for p in self.processors if isinstance(p, _STRUCTURE_CHECKS)]
+        put_in: set[type] = set()  # the classes of the nodes processors put in the tree
         for processor in self.processors:
             if passed and isinstance(processor, _STRUCTURE_CHECKS):
                 continue
-            node = _traverse(processor, processor._processing_map(), node, -1, _pre_processing(processor))
+            node = _traverse(_Pass(processor, put_in), node)
             if key is not None and not passed and processor is structural[-1]:
                 with _cache_lock:
                     _structure_passed.add(key)
@@ -197,7 +216,43 @@ class _Validator(UpdateExpressionValidator):
 
 
 _node_types: dict[type, bool] = {}
-_handled_by: dict[tuple[type, type], type | None] = {}
+#: per processor class: node class -> the first class of its processing map the node is an
+#: instance of (moto's ``process``), or None
+_handled_by: dict[type, dict[type, type | None]] = {}
+#: per processor class: a set of node classes -> does the processor handle any of them
+_handles_any: dict[type, dict[frozenset[type], bool]] = {}
+
+
+class _Pass:
+    """One processor's traversal of the tree."""
+
+    __slots__ = ("handled_by", "handles_any", "pre", "processing", "prunes", "put_in")
+
+    def __init__(self, processor: Any, put_in: set[type]) -> None:
+        self.processing: dict[type, Any] = processor._processing_map()
+        self.handled_by = _handled_by.setdefault(type(processor), {})
+        self.handles_any = _handles_any.setdefault(type(processor), {})
+        self.pre = _pre_processing(processor)
+        self.put_in = put_in
+        # A subtree of the parse with no node the processor handles is left unvisited: the
+        # traversal would call nothing there (no pre_processing_of_child of its own) and
+        # change nothing. Nodes put in by earlier processors are not in the parse's record
+        # of a subtree's classes (_KINDS_BELOW): if the processor handles any of their
+        # classes, every subtree is visited.
+        self.prunes = self.pre is None and not self.handles(frozenset(put_in))
+
+    def handled(self, kind: type) -> Any:
+        handled_by = self.handled_by
+        if kind in handled_by:
+            return handled_by[kind]
+        handled = handled_by[kind] = next((c for c in self.processing if issubclass(kind, c)), None)
+        return handled
+
+    def handles(self, kinds: frozenset[type]) -> bool:
+        known = self.handles_any.get(kinds)
+        if known is None:
+            known = self.handles_any[kinds] = any(self.handled(kind) is not None for kind in kinds)
+        return known
 
 
 def _pre_processing(processor: Any) -> Any:
@@ -207,35 +262,62 @@ def _pre_processing(processor: Any) -> Any:
     return None if hook is DepthFirstTraverser.pre_processing_of_child else processor.pre_processing_of_child
 
 
-def _traverse(processor: Any, processing: dict[type, Any], node: Any, child_id: int = -1,
-              pre: Any = None) -> Any:
+def _traverse(visit: _Pass, node: Any, child_id: int = -1) -> Any:
     """``DepthFirstTraverser.traverse_node_recursively`` with its ``isinstance`` tests (on
-    ABCs, the validation's main cost) cached per node type, and ``pre`` (the processor's
-    ``pre_processing_of_child``, :func:`_pre_processing`) called only where it does something;
-    the same visits in the same order."""
+    ABCs, the validation's main cost) cached per node type, the processor's
+    ``pre_processing_of_child`` called only where it does something (:func:`_pre_processing`),
+    no call for a child that is not a node (moto's returns it untouched) and none for a
+    subtree where the processor has nothing to process (:class:`_Pass`): the same
+    processing in the same order."""
     kind = type(node)
     is_node = _node_types.get(kind)
     if is_node is None:
         is_node = _node_types[kind] = isinstance(node, Node)
     if not is_node:
         return node
+    if visit.prunes:
+        below = getattr(node, _KINDS_BELOW, None)
+        if below is not None:
+            handles = visit.handles_any.get(below)
+            if handles is None:
+                handles = visit.handles(below)
+            if not handles:
+                return node
     parent = node.parent
-    if node.children is not None:
-        for i, child in enumerate(node.children):
+    children = node.children
+    if children is not None:
+        pre = visit.pre
+        for i, child in enumerate(children):
             if pre is not None:
                 pre(node, i)
-            _traverse(processor, processing, child, i, pre)
-    handler_key = (type(processor), kind)
-    if handler_key in _handled_by:
-        handled = _handled_by[handler_key]
-    else:  # the first class of the processing map the node is an instance of (moto's process())
-        handled = _handled_by[handler_key] = next((c for c in processing if issubclass(kind, c)), None)
+            child_is_node = _node_types.get(type(child))
+            if child_is_node is None:
+                child_is_node = _node_types[type(child)] = isinstance(child, Node)
+            if child_is_node:
+                _traverse(visit, child, i)
+    handled = visit.handled_by[kind] if kind in visit.handled_by else visit.handled(kind)
     if handled is not None:
-        node = processing[handled](node)
+        processed = visit.processing[handled](node)
+        if processed is not node:
+            visit.put_in.update(_kinds_in(processed))
+        node = processed
         node.parent = parent
         if parent:
             parent.children[child_id] = node
     return node
+
+
+def _kinds_in(tree: Any) -> set[type]:
+    """The classes of the nodes in ``tree``."""
+    found: set[type] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_node(node):
+            found.add(type(node))
+            if isinstance(node.children, list):
+                stack.extend(node.children)
+    return found
 
 
 def _tokens(*expressions: str | None) -> set[str]:
