@@ -21,9 +21,10 @@ says what to do (the runbook is docs/operations.md):
   is breaching: the sweep emits the count every run, so a gap means it is not running or
   not reaching the job items, and that must not read as "no job is stuck".
 * **an aborted launch's stops given up**: the recovery sweep asked a queue launch's started
-  ranks to stop 1 + 6 times, no rank confirmed stopped, and gave up (``AbortedLaunchStopsGivenUp``,
-  counted once per launch): the job is queued again while a rank of it may still run (its
-  node's agent gone). No data is not breaching: the metric is emitted only when it happens.
+  ranks to stop 1 + 6 times, a rank still not confirmed stopped, and gave up
+  (``AbortedLaunchStopsGivenUp``, counted once per launch): a rank of it may still run (its
+  node's agent gone) while the job is queued again (or has failed). No data is not breaching:
+  the metric is emitted only when it happens.
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
 circuit breaker, jobs past their due time, suspends (time sharing), the work queues (gang
@@ -196,8 +197,9 @@ def aborted_launch_stops_alarm_description(sweep: RecoveryFunction) -> str:
     return (
         f"The recovery sweep ({sweep.node.id}) gave up the stop of a queue launch it aborted: its "
         f"started ranks were asked to stop {1 + MAX_STOP_ROUNDS} times and one is still not "
-        f"confirmed stopped ({METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP}). The job is queued again and may "
-        f"start while that rank still runs, typically on a node whose ECS agent is gone. Read the "
+        f"confirmed stopped ({METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP}). The job, queued again unless "
+        f"its launch failed it, may start while that rank still runs, typically on a node whose ECS "
+        f"agent is gone. Read the "
         f"ERROR line 'stops of an aborted launch given up' in log group "
         f"{sweep.log_group.log_group_name} (it names the job and attempt); `gpujobs show` lists its "
         f"ranks' nodes: stop a task of the attempt still running by hand, replace a node whose agent "

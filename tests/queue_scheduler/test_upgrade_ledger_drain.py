@@ -258,7 +258,7 @@ def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
     registered), the tick's budget 30 s, and the first drain taking 40 s (a slow AWS)
     When the upgraded scheduler ticks, then ticks again
     Then the first tick drains the first launch only and defers the second (it stays in the
-    ledger, its job not admitted); the next tick drains it."""
+    ledger, its job not admitted, counted in UpgradeLaunchesNotDrained); the next tick drains it."""
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
@@ -270,6 +270,8 @@ def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
                                ExpressionAttributeValues={":l": {first: entry, second: entry}})
         elapsed = [0.0]
         monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(monotonic=lambda: elapsed[0]))
+        recorded = Recorded()
+        monkeypatch.setattr(qc.recovery.gang.metrics, "target", recorded)
         scheduler = qc.scheduler()
         store = scheduler.drain.store  # type: ignore[union-attr]
         job_item = store.job_item
@@ -284,8 +286,10 @@ def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
         assert drained == [{"job_id": earlier, "action": "completed"},
                            {"job_id": later, "action": "deferred"}]
         assert set(_ledger(qc)) == {later}
+        assert recorded.names.count("UpgradeLaunchesNotDrained") == 1
         assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
         assert _ledger(qc) == {}
+        assert recorded.names.count("UpgradeLaunchesNotDrained") == 1
     finally:
         gen.close()
 

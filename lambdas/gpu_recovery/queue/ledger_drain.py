@@ -21,10 +21,11 @@ read) and, while it is not empty, ends each of its launches here:
 
 Each step is idempotent and the entry goes last (a conditional REMOVE): a tick dying mid-drain
 leaves the entry, and the next tick finishes it. The drain keeps to the tick's time budget: an
-entry not reached (``deferred``) is the next tick's. An entry this tick could not drain (a step
-failed: ``drain_failed``; a stop ECS refused: ``stops_pending``) keeps its job out of admission
-until it is: each counts in ``UpgradeLaunchesNotDrained`` (a metric that stays above 0 tick after
-tick is a launch someone has to look at).
+entry not reached (``deferred``) is the next tick's. An entry this tick did not drain (a step
+failed: ``drain_failed``; a stop ECS refused: ``stops_pending``; not reached: ``deferred``, as
+behind an entry whose calls hang tick after tick) keeps its job out of admission until it is:
+each counts in ``UpgradeLaunchesNotDrained`` (a metric that stays above 0 tick after tick is a
+launch someone has to look at).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from gpu_recovery.repository.scheduling import SchedulingRepository
 logger = logging.getLogger(__name__)
 
 UPGRADE_REASON = "launch in flight when the stack was upgraded (its launcher replaced): started again"
-# The entries a tick tried and could not drain: each keeps its job out of admission meanwhile.
-NOT_DRAINED = ("drain_failed", "stops_pending")
+# The entries a tick did not drain (tried and failed, or not reached in its time): each keeps its
+# job out of admission meanwhile.
+NOT_DRAINED = ("drain_failed", "stops_pending", "deferred")
 
 
 def old_started_by(job_id: str, attempt: int, rank: int) -> str:
