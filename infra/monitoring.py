@@ -24,7 +24,9 @@ says what to do (the runbook is docs/operations.md):
   ranks to stop 1 + 6 times, a rank still not confirmed stopped, and gave up
   (``AbortedLaunchStopsGivenUp``, counted once per launch): a rank of it may still run (its
   node's agent gone) while the job is queued again (or has failed). No data is not breaching:
-  the metric is emitted only when it happens.
+  the metric is emitted only when it happens;
+* **an ended job's stops given up**: the same for the ranks of a job already over
+  (``EndedJobStopsGivenUp``): a rank of it may still run, holding its node's GPUs.
 
 The dashboard: recoveries and failures, time to restart (MTTR), quarantines and the
 circuit breaker, jobs past their due time, suspends (time sharing), the work queues (gang
@@ -54,6 +56,7 @@ from gpu_recovery.constants import (
     GANG_QUEUE_MAX_RECEIVES,
     MAX_STOP_ROUNDS,
     METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
+    METRIC_ENDED_JOB_STOPS_GIVEN_UP,
     METRIC_GPU_HOURS_LOST,
     METRIC_JOB_ETTR,
     METRIC_OLDEST_DUE_JOB_SECONDS,
@@ -207,6 +210,19 @@ def aborted_launch_stops_alarm_description(sweep: RecoveryFunction) -> str:
     )
 
 
+def ended_job_stops_alarm_description(sweep: RecoveryFunction) -> str:
+    return (
+        f"The recovery sweep ({sweep.node.id}) gave up the stop of an ended job's ranks: they were "
+        f"asked to stop {1 + MAX_STOP_ROUNDS} times and one is still not confirmed stopped "
+        f"({METRIC_ENDED_JOB_STOPS_GIVEN_UP}). The job is over (failed, canceled or completed) but "
+        f"that rank may still run and hold its node's GPUs, typically on a node whose ECS agent is "
+        f"gone. Read the ERROR line 'stops of an ended job given up' in log group "
+        f"{sweep.log_group.log_group_name} (it names the job and attempt); `gpujobs show` lists its "
+        f"ranks' nodes: stop a task of the attempt still running by hand, replace a node whose agent "
+        f"is gone (section 'Ended jobs whose stops were given up'). {RUNBOOK}"
+    )
+
+
 def sweep_metric(sweep: RecoveryFunction, metric_name: str = METRIC_OVERDUE_JOBS,
                         statistic: str = "Maximum", minutes: int = 1) -> cloudwatch.Metric:
     """A metric the sweep emits (Powertools: namespace, ``service`` dimension): once per run by
@@ -223,7 +239,7 @@ class Monitoring(Construct):
     needs one); ``dead_letter_queues`` are named like the function they serve;
     ``recovery_sweep`` emits the overdue-jobs metric.
     Attributes: ``error_alarms``, ``dlq_alarms`` (by name), ``overdue_alarm``,
-    ``aborted_launch_stops_alarm``, ``alarms`` (all), ``dashboard``.
+    ``aborted_launch_stops_alarm``, ``ended_job_stops_alarm``, ``alarms`` (all), ``dashboard``.
     """
 
     def __init__(
@@ -295,8 +311,19 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
         self.aborted_launch_stops_alarm.add_alarm_action(action)
+        self.ended_job_stops_alarm = cloudwatch.Alarm(
+            self, "EndedJobStopsGivenUpAlarm",
+            alarm_description=ended_job_stops_alarm_description(recovery_sweep),
+            metric=sweep_metric(recovery_sweep, METRIC_ENDED_JOB_STOPS_GIVEN_UP, "Sum", 5),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.ended_job_stops_alarm.add_alarm_action(action)
         self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values(),
-                                               self.overdue_alarm, self.aborted_launch_stops_alarm]
+                                               self.overdue_alarm, self.aborted_launch_stops_alarm,
+                                               self.ended_job_stops_alarm]
         self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {},
                                          recovery_sweep)
 

@@ -167,9 +167,11 @@ DIMENSION_EVIDENCE_SOURCE = "EvidenceSource"
 # A finished job's goodput ledger (docs/goodput.md): GPU-hours lost per cause, and its ETTR.
 METRIC_GPU_HOURS_LOST, DIMENSION_CAUSE, METRIC_JOB_ETTR = "GpuHoursLost", "Cause", "JobEttr"
 # The recovery sweep's: jobs past their due time (domain.overdue), how late the oldest due job is (each
-# run), aborted launches' stops given up (recovery.gang); infra/monitoring.py alarms on the 1st and 3rd.
+# run), aborted launches' and ended jobs' stops given up (recovery.gang); infra/monitoring.py alarms on
+# all but the 2nd.
 METRIC_OVERDUE_JOBS, METRIC_OLDEST_DUE_JOB_SECONDS = "OverdueJobs", "OldestDueJobSeconds"
 METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP = "AbortedLaunchStopsGivenUp"
+METRIC_ENDED_JOB_STOPS_GIVEN_UP = "EndedJobStopsGivenUp"
 
 # --------------------------------------------------------------------------------------
 # DynamoDB: job table (original name "ecs-job-sub")

@@ -46,10 +46,19 @@ class PowertoolsMetrics:
 
     def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
         """A metric with dimensions of its own (flushed at once, beside the function's metrics)."""
+        self._single_metric(name, unit, value, dimensions)
+
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        """A metric flushed at once (its own EMF line now, same namespace and ``service``
+        dimension as the function's): not lost if the invocation times out before its end."""
+        self._single_metric(name, unit, value, {})
+
+    def _single_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
         from aws_lambda_powertools.metrics import MetricUnit, single_metric  # the functions' layer
 
         service = str(getattr(self._metrics, "service", "") or "")
-        with single_metric(name=name, unit=MetricUnit(unit), value=value,
+        namespace = getattr(self._metrics, "namespace", None) or None
+        with single_metric(name=name, unit=MetricUnit(unit), value=value, namespace=namespace,
                            default_dimensions={"service": service} if service else None) as metric:
             for key, label in dimensions.items():
                 metric.add_dimension(name=key, value=label)

@@ -46,8 +46,9 @@ def test_every_alarm_says_what_the_operator_should_do(default_synth: Synth) -> N
     """Given every alarm, Then its description is an instruction (read, fix, replay or purge)
     pointing to the runbook, within CloudWatch's 1024 characters, and it notifies the topic."""
     alarms = _alarms(default_synth)
-    # an errors alarm per function, a depth alarm per DLQ, overdue jobs, aborted launches' stops given up
-    assert len(alarms) == 13 + 8 + 1 + 1
+    # an errors alarm per function, a depth alarm per DLQ, overdue jobs, aborted launches' and ended
+    # jobs' stops given up
+    assert len(alarms) == 13 + 8 + 1 + 1 + 1
     for alarm in alarms:
         text = alarm["AlarmDescription"]
         assert len(text) <= 900, text  # CloudWatch allows 1024, with room for the log group name
@@ -212,3 +213,23 @@ def test_an_aborted_launchs_stops_given_up_page(default_synth: Synth) -> None:
         assert needed in text, needed
     monitoring = default_synth.stack.monitoring
     assert monitoring.aborted_launch_stops_alarm in monitoring.alarms
+
+
+def test_an_ended_jobs_stops_given_up_page(default_synth: Synth) -> None:
+    """Given the recovery sweep's EndedJobStopsGivenUp (an ended job's stop given up after 1 + 6
+    asks: a rank of it may still run, holding its node's GPUs), Then one alarm fires as soon as
+    one is counted in 5 minutes, on the metric the sweep's handler emits, no data not breaching,
+    telling the operator where the job is named and what to do with its nodes."""
+    (alarm,) = [a for a in _alarms(default_synth) if a["MetricName"] == "EndedJobStopsGivenUp"]
+    service = default_synth.stack.functions["RecoverySweep"].service_name
+    assert (alarm["Namespace"], alarm["Dimensions"]) == (
+        "GpuTrainingRecovery", [{"Name": "service", "Value": service}])
+    policy = (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"],
+              alarm["ComparisonOperator"], alarm["TreatMissingData"])
+    assert policy == ("Sum", 300, 1, 0, "GreaterThanThreshold", "notBreaching")
+    text = alarm["AlarmDescription"]
+    for needed in ("7 times", "stops of an ended job given up", "log group <log group>", "gpujobs show",
+                   "'Ended jobs whose stops were given up'"):
+        assert needed in text, needed
+    monitoring = default_synth.stack.monitoring
+    assert monitoring.ended_job_stops_alarm in monitoring.alarms

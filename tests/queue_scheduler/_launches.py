@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_recovery import constants as C
 from tests.queue_scheduler._cluster_moves import steal_gpus
+
+
+def set_fields(qc: Any, job: str, **fields: Any) -> None:
+    """Fields of a job's item written as they are (no transition)."""
+    item = qc.item(job)
+    names = {f"#f{i}": name for i, name in enumerate(fields)}
+    qc.table().update_item(
+        Key={C.JOB_PK: item[C.JOB_PK]},
+        UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
+        ExpressionAttributeNames=names,
+        ExpressionAttributeValues={f":v{i}": value for i, value in enumerate(fields.values())})
 
 
 def launch_that_fails_on_node_1(qc: Any) -> tuple[str, Any, list[str]]:

@@ -17,17 +17,7 @@ from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from tests.fixtures.queue_cluster import make_queue_cluster
 from tests.queue_scheduler._cluster_moves import throttled
-from tests.queue_scheduler._launches import Recorded, launch_that_fails_on_node_1
-
-
-def _set_fields(qc: Any, job: str, **fields: Any) -> None:
-    item = qc.item(job)
-    names = {f"#f{i}": name for i, name in enumerate(fields)}
-    qc.table().update_item(
-        Key={C.JOB_PK: item[C.JOB_PK]},
-        UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
-        ExpressionAttributeNames=names,
-        ExpressionAttributeValues={f":v{i}": value for i, value in enumerate(fields.values())})
+from tests.queue_scheduler._launches import Recorded, launch_that_fails_on_node_1, set_fields
 
 
 def _start_task_throttled(qc: Any, monkeypatch: Any) -> None:
@@ -61,7 +51,7 @@ def test_a_queued_job_with_a_stop_intent_left_over_is_admitted(qc, intent):
     fields = dict(LEFT_OVER[intent])
     attempt = 1 + int(fields.pop("attempt_offset", 0))
     now = int(clock.now())
-    _set_fields(qc, job, attempt=1, stop_fanout={"attempt": attempt, "at": now - 7200, "sent_at": now - 3600,
+    set_fields(qc, job, attempt=1, stop_fanout={"attempt": attempt, "at": now - 7200, "sent_at": now - 3600,
                                                  "rounds": 0, **fields})
     assert qc.scheduler().tick().admitted == [job]
     assert qc.item(job)["attempt"] == 2
@@ -73,7 +63,7 @@ def test_a_queued_job_whose_aborted_launch_is_still_being_stopped_is_not_admitte
     When the scheduler ticks Then the job is not admitted (a rank of that launch may run)."""
     job = qc.submit(nnodes=1, gpus=8)
     now = int(clock.now())
-    _set_fields(qc, job, attempt=1, stop_fanout={
+    set_fields(qc, job, attempt=1, stop_fanout={
         "attempt": 1, "at": now - 600, "sent_at": now - 300, "rounds": 2, "why": "launch of attempt 1 failed",
         "aborted_launch": True, "remediation": False})
     assert qc.scheduler().tick().launches == []
@@ -93,6 +83,7 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
     try:
         recorded = Recorded()  # on the relay: the task events' handlers point it at their own metrics
         monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric", recorded.add_metric)
+        monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric_now", recorded.add_metric)  # the give-up's
         job, scheduler, thieves = launch_that_fails_on_node_1(qc)
         ecs = qc.recovery.gang.ecs
         asked: list[str] = []

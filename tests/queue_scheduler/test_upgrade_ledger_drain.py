@@ -268,19 +268,10 @@ def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
         entry = {"attempt": 1, "claimed_at": int(qc.sim.now()), "resumes": 0}
         qc.table().update_item(Key={C.JOB_PK: LEASE_KEY}, UpdateExpression="SET inflight = :l",
                                ExpressionAttributeValues={":l": {first: entry, second: entry}})
-        elapsed = [0.0]
-        monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(monotonic=lambda: elapsed[0]))
-        recorded = Recorded()
-        monkeypatch.setattr(qc.recovery.gang.metrics, "target", recorded)
         scheduler = qc.scheduler()
-        store = scheduler.drain.store  # type: ignore[union-attr]
-        job_item = store.job_item
-
-        def slow(job_id: str) -> Any:
-            elapsed[0] += 40
-            return job_item(job_id)
-
-        monkeypatch.setattr(store, "job_item", slow)
+        recorded = Recorded()
+        monkeypatch.setattr(qc.recovery.metrics_relay, "target", recorded)
+        _drain_taking(scheduler, monkeypatch, 40)
         drained = scheduler.tick(time_budget_seconds=30).drained
         earlier, later = sorted([first, second])
         assert drained == [{"job_id": earlier, "action": "completed"},
@@ -299,8 +290,9 @@ def test_launches_not_drained_are_counted_every_tick(monkeypatch: Any) -> None:
     ranks started and registered), ECS refusing every StopTask
     When the upgraded scheduler ticks twice
     Then each tick counts the launch in UpgradeLaunchesNotDrained (it keeps the job out of
-    admission: only a WARNING log said so); once ECS takes the stops it is drained and no longer
-    counted."""
+    admission: only a WARNING log said so), in the metrics of its own invocation (the recovery's
+    relay pointed at them after the scheduler was built); once ECS takes the stops it is drained
+    and no longer counted."""
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
@@ -309,8 +301,6 @@ def test_launches_not_drained_are_counted_every_tick(monkeypatch: Any) -> None:
         assert SchedulingRepository(qc.repo.jobs).requeue_after_failed_launch(
             job, 1, reason="start failed (INSUFFICIENT_RESOURCES)", queue_order=C.queue_order(0, 0.0, job),
             not_before=0, resource_failures=1, attempts=[])
-        recorded = Recorded()
-        monkeypatch.setattr(qc.recovery.gang.metrics, "target", recorded)
         scheduler = qc.scheduler()
         ecs = scheduler.drain.ecs  # type: ignore[union-attr]
         stop_task = ecs.stop_task
@@ -320,10 +310,87 @@ def test_launches_not_drained_are_counted_every_tick(monkeypatch: Any) -> None:
 
         monkeypatch.setattr(ecs, "stop_task", refused)
         for _ in range(2):
+            invocation = Recorded()
+            monkeypatch.setattr(qc.recovery.metrics_relay, "target", invocation)
             assert scheduler.tick().drained == [{"job_id": job, "action": "stops_pending"}]
-        assert recorded.names.count("UpgradeLaunchesNotDrained") == 2
+            assert invocation.names == ["UpgradeLaunchesNotDrained"]
         monkeypatch.setattr(ecs, "stop_task", stop_task)
         assert scheduler.tick().drained == [{"job_id": job, "action": "abandoned"}]
-        assert recorded.names.count("UpgradeLaunchesNotDrained") == 2
+        assert invocation.names == ["UpgradeLaunchesNotDrained"]
+    finally:
+        gen.close()
+
+
+def _two_old_launches_and_a_queued_job(qc: Any) -> tuple[str, str, str]:
+    """The older launcher's launches of two 1-node jobs in flight (each rank started and
+    registered, on node-0 and node-1) and a 1-node job queued behind them."""
+    first, second = qc.submit(nnodes=1, gpus=8), qc.submit(nnodes=1, gpus=8)
+    for node, job in enumerate((first, second)):
+        _old_launch_in_flight(qc, job, started=1, registered=1, first_node=node)
+    entry = {"attempt": 1, "claimed_at": int(qc.sim.now()), "resumes": 0}
+    qc.table().update_item(Key={C.JOB_PK: LEASE_KEY}, UpdateExpression="SET inflight = :l",
+                           ExpressionAttributeValues={":l": {first: entry, second: entry}})
+    return first, second, qc.submit(nnodes=1, gpus=8)
+
+
+def _drain_taking(scheduler: Any, monkeypatch: Any, seconds: float) -> None:
+    """Each entry's first read takes ``seconds`` of the tick's clock (a slow AWS)."""
+    elapsed = [0.0]
+    monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(monotonic=lambda: elapsed[0]))
+    store = scheduler.drain.store
+    job_item = store.job_item
+
+    def slow(job_id: str) -> Any:
+        elapsed[0] += seconds
+        return job_item(job_id)
+
+    monkeypatch.setattr(store, "job_item", slow)
+
+
+def test_the_drain_takes_an_entry_only_with_its_margin_left(monkeypatch: Any) -> None:
+    """Given the older launcher's launches of two 1-node jobs in flight, the tick's budget 30 s,
+    and the first entry's drain taking 25 s (5 s left: less than an entry's own calls may take)
+    When the upgraded scheduler ticks
+    Then the second entry is deferred (not started with 5 s left, its calls running past the
+    budget into the handler's safety margin); the next tick drains it."""
+    gen = make_queue_cluster(nodes=[8, 8, 8])
+    qc = next(gen)
+    try:
+        first, second, _ = _two_old_launches_and_a_queued_job(qc)
+        scheduler = qc.scheduler()
+        _drain_taking(scheduler, monkeypatch, 25)
+        earlier, later = sorted([first, second])
+        assert scheduler.tick(time_budget_seconds=30).drained == [
+            {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
+        assert set(_ledger(qc)) == {later}
+        monkeypatch.undo()
+        assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
+    finally:
+        gen.close()
+
+
+def test_a_tick_whose_drain_spent_its_budget_skips_admission(monkeypatch: Any, caplog: Any) -> None:
+    """Given the older launcher's launches of two 1-node jobs in flight, a 1-node job queued behind
+    them and a free node, the tick's budget 30 s, each entry's drain taking 10 s (10 s left after
+    both: within admission's margin)
+    When the upgraded scheduler ticks, then ticks again
+    Then the first tick drains both and skips admission (said in its result and a WARNING: the
+    queue page, the snapshot and a launch would run past the budget); the next tick admits the
+    queued job."""
+    gen = make_queue_cluster(nodes=[8, 8, 8])
+    qc = next(gen)
+    try:
+        _, _, queued = _two_old_launches_and_a_queued_job(qc)
+        scheduler = qc.scheduler()
+        _drain_taking(scheduler, monkeypatch, 10)
+        with caplog.at_level(logging.WARNING, logger="gpu_recovery.queue.scheduler"):
+            result = scheduler.tick(time_budget_seconds=30)
+        assert [d["action"] for d in result.drained] == ["completed", "completed"]
+        assert result.admitted == [] and qc.state(queued) is JobState.QUEUED
+        assert result.admission_skipped and result.queue_items_read == 0
+        assert "admission skipped" in result.stop_reason
+        assert any("admission skipped" in r.getMessage() for r in caplog.records)
+        later = scheduler.tick(time_budget_seconds=30)
+        assert later.admitted == [queued] and not later.admission_skipped
     finally:
         gen.close()

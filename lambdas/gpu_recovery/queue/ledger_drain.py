@@ -20,8 +20,9 @@ read) and, while it is not empty, ends each of its launches here:
   it, found by its old ``startedBy``), a cancel with no live rank finished.
 
 Each step is idempotent and the entry goes last (a conditional REMOVE): a tick dying mid-drain
-leaves the entry, and the next tick finishes it. The drain keeps to the tick's time budget: an
-entry not reached (``deferred``) is the next tick's. An entry this tick did not drain (a step
+leaves the entry, and the next tick finishes it. The drain keeps to the tick's time budget: it takes
+an entry only while ``ENTRY_MARGIN_SECONDS`` are left (the entry's own calls), and an entry not
+reached (``deferred``) is the next tick's. An entry this tick did not drain (a step
 failed: ``drain_failed``; a stop ECS refused: ``stops_pending``; not reached: ``deferred``, as
 behind an entry whose calls hang tick after tick) keeps its job out of admission until it is:
 each counts in ``UpgradeLaunchesNotDrained`` (a metric that stays above 0 tick after tick is a
@@ -51,6 +52,10 @@ UPGRADE_REASON = "launch in flight when the stack was upgraded (its launcher rep
 # The entries a tick did not drain (tried and failed, or not reached in its time): each keeps its
 # job out of admission meanwhile.
 NOT_DRAINED = ("drain_failed", "stops_pending", "deferred")
+# An entry is taken only with this much of the tick's budget left: its own calls (the job's item, its
+# ranks, a ListTasks, its StopTasks, the abort's or the completion's writes) within the budget, not
+# in the handler's safety margin.
+ENTRY_MARGIN_SECONDS = 10.0
 
 
 def old_started_by(job_id: str, attempt: int, rank: int) -> str:
@@ -85,15 +90,16 @@ class LedgerDrain:
     ranks: DrainRanks
     ecs: StopsOrphans
     launches: EndsLaunches
-    metrics: MetricsPort = field(default_factory=NullMetrics)  # the invocation's
+    metrics: MetricsPort = field(default_factory=NullMetrics)  # the service's relay: the invocation's
 
     def run(self, ledger: Mapping[str, Mapping[str, Any]],
             time_left: Callable[[], float] = lambda: float("inf")) -> list[dict[str, str]]:
         """End every launch of ``ledger`` (job id -> entry, as read with the lease) while the
-        tick's budget (``time_left``, seconds) lasts: the rest is deferred to the next tick."""
+        tick's budget (``time_left``, seconds) leaves an entry's margin: the rest is deferred to
+        the next tick."""
         outcomes = []
         for job_id, entry in sorted(ledger.items()):
-            if time_left() <= 0:
+            if time_left() < ENTRY_MARGIN_SECONDS:
                 outcomes.append({"job_id": job_id, "action": "deferred"})
                 continue
             try:

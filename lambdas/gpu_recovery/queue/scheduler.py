@@ -78,6 +78,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
 
 PREMARKED = "marked to become a spare when it frees"
+# Admission runs after an older release's ledger drain only with this much of the tick's budget
+# left: a queue page, the cluster's snapshot and one launch's calls (a launch is not cut short).
+ADMISSION_MARGIN_SECONDS = 15.0
 
 
 @dataclass
@@ -100,6 +103,7 @@ class TickResult:
     nodes_seen: int = 0
     stop_reason: str = ""
     drained: list[dict[str, str]] = field(default_factory=list)  # an older release's launches ended
+    admission_skipped: bool = False  # the drain spent the budget: the next tick admits
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -217,6 +221,14 @@ class QueueScheduler:
             result = TickResult()
             if self.drain is not None and self.lease.ledger:  # only until an upgrade's ledger is drained
                 result.drained = self.drain.run(self.lease.ledger, time_left)
+                if time_left() <= ADMISSION_MARGIN_SECONDS:
+                    # The drain spent the budget: admission (a snapshot, a launch's calls) would
+                    # run into the handler's safety margin. The next tick admits.
+                    result.admission_skipped = True
+                    result.stop_reason = "admission skipped: the ledger drain spent the time budget"
+                    logger.warning("admission skipped: the ledger drain spent the tick's time budget; "
+                                   "the next tick admits", extra={"time_left": round(time_left(), 1)})
+                    return result
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]
@@ -495,7 +507,7 @@ class RecoveryLoop(StartsRanks, SuspendPort, Protocol):
     @property
     def launches(self) -> EndsLaunches: ...
     @property
-    def metrics(self) -> MetricsPort: ...
+    def metrics_relay(self) -> MetricsPort: ...
 
 
 def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: RecoveryLoop,
@@ -523,7 +535,8 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(recovery, task_definitions, hosts, store, lease.owner, sharing=config.sharing)
     sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
-    drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches, recovery.metrics)
+    # The relay, not the metrics it points at now: each invocation points it at its own.
+    drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches, recovery.metrics_relay)
     return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas,
                           drain)
 

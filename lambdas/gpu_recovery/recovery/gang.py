@@ -52,6 +52,7 @@ from gpu_recovery.constants import (
     LAUNCH_LEASE_SECONDS,
     MAX_STOP_ROUNDS,
     METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
+    METRIC_ENDED_JOB_STOPS_GIVEN_UP,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_RANK,
@@ -74,7 +75,7 @@ from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.fanout_send import send_once
-from gpu_recovery.recovery.ports import EcsPort, MetricsPort
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort, add_metric_now
 from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
 from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
@@ -255,18 +256,28 @@ class GangOps:
             # again: the scheduler admits it no more while the intent lives, and the ranks were
             # asked to stop 1 + MAX_STOP_ROUNDS times). Any other's stays for its job's own step.
             aborted_launch = bool(intent.get("aborted_launch"))
-            if (job.state.is_terminal or aborted_launch) and self.fanouts.end_stop(job, attempt) \
-                    and aborted_launch:
-                # Its job may be admitted again while a rank of it may still run (its node's agent
-                # gone): counted (an alarm pages), since nothing else fails or tells.
-                self.metrics.add_metric(METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
-                logger.error("stops of an aborted launch given up: a rank may still run; look at its node",
-                             extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds})
+            if (job.state.is_terminal or aborted_launch) and self.fanouts.end_stop(job, attempt):
+                self._stops_given_up(job, attempt, rounds, aborted_launch)
             return "stop_given_up"
         wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)
         if now < float(intent["sent_at"]) + wait:
             return "stop_waiting"
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
+
+    def _stops_given_up(self, job: Job, attempt: int, rounds: int, aborted_launch: bool) -> None:
+        """A stop intent this call ended with a rank maybe still running (its node's agent gone):
+        nothing asks its task to stop again, nor fails or tells, so it is counted (an alarm pages)
+        and logged. Flushed at once: the intent is gone, so a sweep timing out after this would
+        leave nothing for the next one to count."""
+        if aborted_launch:  # its job may be admitted again meanwhile
+            add_metric_now(self.metrics, METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
+            logger.error("stops of an aborted launch given up: a rank may still run; look at its node",
+                         extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds})
+        else:  # an ended job's rank may run on, holding its node's GPUs
+            add_metric_now(self.metrics, METRIC_ENDED_JOB_STOPS_GIVEN_UP, "Count", 1)
+            logger.error("stops of an ended job given up: a rank may still run; look at its node",
+                         extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds,
+                                "job_state": job.state.value})
 
     @staticmethod
     def launch_cut_short(job: Job, attempt: int) -> bool:

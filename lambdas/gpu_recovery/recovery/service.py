@@ -227,6 +227,11 @@ class RecoveryService:
         """The invocation's metrics, for every stage at once (they hold the relay)."""
         self._metrics.target = metrics
 
+    @property
+    def metrics_relay(self) -> MetricsRelay:
+        """The port every stage holds: whatever this invocation's metrics are, and the next's."""
+        return self._metrics
+
     # Handlers.
     def on_task_state_change(self, detail: EcsTaskDetail) -> Outcome:
         return self.faults.on_task_state_change(detail)
