@@ -222,8 +222,8 @@ class QueueScheduler:
             if self.drain is not None and self.lease.ledger:  # only until an upgrade's ledger is drained
                 result.drained = self.drain.run(self.lease.ledger, time_left)
                 if time_left() <= ADMISSION_MARGIN_SECONDS:
-                    # The drain spent the budget: admission (a snapshot, a launch's calls) would
-                    # run into the handler's safety margin. The next tick admits.
+                    # The drain spent the budget: housekeeping and admission (a snapshot, a
+                    # launch's calls) would run into the handler's safety margin. The next tick admits.
                     result.admission_skipped = True
                     result.stop_reason = "admission skipped: the ledger drain spent the time budget"
                     logger.warning("admission skipped: the ledger drain spent the tick's time budget; "
