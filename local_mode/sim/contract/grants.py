@@ -331,14 +331,19 @@ class GrantsGuard:
                                    "operation is authorized against: add it to local_mode/sim/contract/"
                                    "authorization.py", f"{service}:{operation}"))
             return
+        if not wanted:
+            return
+        policies = fn.policies(self._active_variants())  # the settings are read once a call
         for need in wanted:
-            self._require(fn, need, f"{service}:{operation}")
+            self._require(fn, need, f"{service}:{operation}", policies)
 
     def _active_variants(self) -> frozenset[str]:
         return _variants_of(self.env.get(C.ENV_REMEDIATION_SETTINGS) or "")
 
-    def _require(self, fn: _Function, need: Need, operation: str) -> None:
-        decision = fn.policies(self._active_variants()).decide(need.action, need.resource, need.context)
+    def _require(self, fn: _Function, need: Need, operation: str, policies: PolicySet | None = None) -> None:
+        if policies is None:
+            policies = fn.policies(self._active_variants())
+        decision = policies.decide(need.action, need.resource, need.context)
         if decision.allowed and decision.allowed_by is not None:
             sid = decision.allowed_by.ident
             key = (fn.module, operation, need.action, need.form or need.resource, sid)
