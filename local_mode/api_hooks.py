@@ -13,6 +13,8 @@ from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 
 PARAMS_KEY = "local_mode_params"
+#: a botocore service id ("Auto Scaling") -> its event-name form ("auto-scaling")
+_EVENT_SERVICE: dict[str, str] = {}
 
 BeforeCall = Callable[[dict[str, Any], dict[str, Any]], Any]
 AfterCall = Callable[[dict[str, Any], int, dict[str, Any], dict[str, Any]], None]
@@ -68,7 +70,12 @@ class ApiHooks:
     # --- botocore handlers -------------------------------------------------------
     @staticmethod
     def _key(model: Any) -> tuple[str, str]:
-        return model.service_model.service_id.hyphenize(), model.name
+        service_id = model.service_model.service_id
+        try:
+            service = _EVENT_SERVICE[service_id]
+        except KeyError:  # a pure function of the service id (three lookups a call otherwise)
+            service = _EVENT_SERVICE[service_id] = service_id.hyphenize()
+        return service, model.name
 
     def stash_params(self, params: dict[str, Any], model: Any, context: Any = None, **_: Any):
         """The parameters as the caller passed them, for this call's listeners (none: no copy;
@@ -85,8 +92,9 @@ class ApiHooks:
             context[PARAMS_KEY] = dict(params)
 
     def before_call(self, model: Any, params: Any, context: Any = None, **_: Any) -> Any:
+        key = self._key(model)
         with self._lock:
-            fns = list(self._before.get(self._key(model), ()))
+            fns = list(self._before.get(key, ()))
         if not fns or context is None:
             return None
         context["local_mode_request"] = params
@@ -100,8 +108,9 @@ class ApiHooks:
     def after_call(
         self, http_response: Any, parsed: Any, model: Any, context: Any = None, **_: Any
     ) -> None:
+        key = self._key(model)
         with self._lock:
-            fns = list(self._after.get(self._key(model), ()))
+            fns = list(self._after.get(key, ()))
         if not fns or context is None:
             return
         status = getattr(http_response, "status_code", 200)

@@ -3,6 +3,7 @@ authorized against, which function is calling, and what a refused call does to t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -203,6 +204,58 @@ def test_the_calling_function_is_the_innermost_handler_on_the_stack() -> None:
     exec("def submit():\n    return (executing_function(functions), tick())\n", outer)  # noqa: S102
     assert outer["submit"]() == ("jobs_api", "queue_scheduler")
     assert executing_function(functions) is None  # a test's own call is nobody's
+
+
+def test_one_code_object_run_as_two_handler_modules_is_each_modules_own() -> None:
+    """The frame walk remembers a module's name, not a code object's: the same compiled code
+    executed in two handler modules' namespaces (a reloaded module, an exec) answers each
+    module (it answered the first module seen for that code everywhere)."""
+    functions: dict[str, Any] = {"jobs_api": {}, "queue_scheduler": {}}
+    code = compile("def tick():\n    return executing_function(functions)\n", "<handler>", "exec")
+    ticks = []
+    for module in ("handlers.jobs_api", "handlers.queue_scheduler", "handlers._common"):
+        namespace: dict[str, Any] = {"__name__": module, "executing_function": executing_function,
+                                     "functions": functions}
+        exec(code, namespace)  # noqa: S102
+        ticks.append(namespace["tick"])
+    assert [tick() for tick in ticks] == ["jobs_api", "queue_scheduler", None]
+
+
+def test_a_remembered_decision_never_answers_a_request_with_other_condition_values() -> None:
+    """Decisions are remembered per action, resource and the values of the condition keys
+    the statements read: once a tagged instance's reboot and an allowed leading key have been
+    allowed, an untagged instance, the same instance untagged since, and another leading key
+    are still refused (and the allowed ones still allowed)."""
+    tag_key, quota = "gpu-recovery:cluster", "arn:aws:dynamodb:us-east-1:123456789012:table/quota"
+    guard = _guard([
+        {"Sid": "RebootTagged", "Effect": "Allow", "Action": "ec2:RebootInstances",
+         "Resource": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/*",
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{tag_key}": CLUSTER}}},
+        {"Sid": "RateRows", "Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": quota,
+         "Condition": {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["RATE#ecs-describe"]}}}])
+    facts = guard.facts
+    assert isinstance(facts, FakeFacts)
+    tagged, untagged = (f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-{n}" for n in ("0a", "0b"))
+    facts.tags[tagged] = {tag_key: CLUSTER}
+
+    def allowed(service: str, operation: str, params: dict[str, Any]) -> bool:
+        with expecting_denials() as denied, contextlib.suppress(GrantDenied):
+            guard.check(service, operation, params, function="ecs_task_handler")
+        return not denied
+
+    def rate_row(key: str) -> dict[str, Any]:
+        return {"TableName": "quota", "Key": {"id": {"S": key}}}
+
+    facts.partition_key = lambda table: "id"  # type: ignore[method-assign]
+    for _ in range(2):  # the second round answers from what the first remembered
+        assert allowed("ec2", "RebootInstances", {"InstanceIds": ["i-0a"]})
+        assert not allowed("ec2", "RebootInstances", {"InstanceIds": ["i-0b"]})
+        assert allowed("dynamodb", "GetItem", rate_row("RATE#ecs-describe"))
+        assert not allowed("dynamodb", "GetItem", rate_row("JOB#1"))
+    facts.tags[tagged] = {tag_key: "another-cluster"}  # retagged: the remembered allow must not hold
+    assert not allowed("ec2", "RebootInstances", {"InstanceIds": ["i-0a"]})
+    facts.tags[untagged] = {tag_key: CLUSTER}
+    assert allowed("ec2", "RebootInstances", {"InstanceIds": ["i-0b"]})
 
 
 def test_a_refused_call_names_the_function_action_and_resource_and_is_no_client_error() -> None:

@@ -189,13 +189,19 @@ class Decision:
     failed_conditions: list[Statement] = field(default_factory=list)
 
 
+#: the key of a condition the request does not supply at all (not the same as absent: None)
+_UNSUPPLIED = object()
+
+
 class PolicySet:
     """One principal's statements, indexed by action for cheap repeated decisions."""
 
     def __init__(self, statements: Iterable[Statement]) -> None:
         self.statements = list(statements)
         self._by_action: dict[str, list[Statement]] = {}
-        self._by_request: dict[tuple[str, str], list[Statement]] = {}
+        #: (action, resource) -> the statements naming both, and the condition keys they use
+        self._by_request: dict[tuple[str, str], tuple[list[Statement], tuple[str, ...]]] = {}
+        self._decided: dict[tuple[str, str, tuple[Any, ...]], Decision] = {}
 
     def candidates(self, action: str) -> list[Statement]:
         """The statements whose Action (or NotAction) covers ``action``."""
@@ -208,13 +214,35 @@ class PolicySet:
 
     def decide(self, action: str, resource: str, context: Mapping[str, Sequence[str] | None]) -> Decision:
         """``context``: condition key (lower-case) -> the request's values, or None when the
-        request has no such key; a key not in ``context`` at all is unknown to the caller."""
-        decision = Decision(False)
-        named = self._by_request.get((action, resource))
-        if named is None:
+        request has no such key; a key not in ``context`` at all is unknown to the caller.
+
+        The decision is remembered (and the same object returned: do not modify it) keyed by
+        everything it reads: the action, the resource, and for each condition key of the
+        statements naming them whether the request supplies it and its values (a resource's
+        tags included, as the caller read them for this request). A request with other tags,
+        leading keys or cluster is a new key, never a stale answer."""
+        found = self._by_request.get((action, resource))
+        if found is None:
             named = [s for s in self.candidates(action) if s.names_resource(resource)]
+            found = (named, tuple(sorted({k for s in named for k in s.condition_keys})))
             if len(self._by_request) < 65536:  # resources repeat (tables, the cluster): a bounded cache
-                self._by_request[(action, resource)] = named
+                self._by_request[(action, resource)] = found
+        named, keys = found
+        try:  # not context.get: a Context answers its resource's tags through [] and `in` only
+            key = (action, resource, tuple(context[k] if k in context else _UNSUPPLIED  # noqa: SIM401
+                                           for k in keys))
+            decision = self._decided.get(key)
+        except TypeError:  # values of a kind that cannot key a cache (a list): decided afresh
+            return self._decide(named, context)
+        if decision is None:
+            decision = self._decide(named, context)
+            if len(self._decided) < 65536:
+                self._decided[key] = decision
+        return decision
+
+    @staticmethod
+    def _decide(named: list[Statement], context: Mapping[str, Sequence[str] | None]) -> Decision:
+        decision = Decision(False)
         for statement in named:
             missing = tuple(sorted(k for k in statement.condition_keys if k not in context))
             if missing:
