@@ -43,7 +43,7 @@ from botocore import xform_name
 from moto import settings
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core import serialize as moto_serialize
-from moto.core.base_backend import BackendDict
+from moto.core.base_backend import BackendDict, BaseBackend
 from moto.core.botocore_stubber import BotocoreStubber
 from moto.core.config import (
     default_user_config,
@@ -85,6 +85,7 @@ class _Route(NamedTuple):
     verdict: str
     handler: Callable[..., Any] | None
     touched: tuple[str, ...]
+    keep: bool = True
 
 
 _routes: dict[tuple[Any, ...], _Route] = {}
@@ -118,19 +119,24 @@ def _resolve(clean_url: str) -> _Route:
     """moto 5.2.5's ``BotocoreStubber.process_request`` up to the handler, as a decision.
     ``ServiceNotWhitelisted`` is raised as moto raises it (and not kept)."""
     touched: list[str] = []
+    keep = True
     for service, pattern in backend_index.backend_url_patterns:
         if pattern.match(clean_url):
             if passthrough_service(service):
-                return _Route("passthrough", None, tuple(touched))
+                return _Route("passthrough", None, tuple(touched), keep)
             if not service_whitelisted(service):
                 raise ServiceNotWhitelisted(service)
             touched.append(service)
-            for url, handler in _default_backend(service).urls.items():
+            backend = _default_backend(service)
+            # A backend reading its URL table some other way (S3 reloads its module from the
+            # environment on every request) is resolved each time, as moto does.
+            keep = keep and type(backend)._url_module is BaseBackend._url_module
+            for url, handler in backend.urls.items():
                 if re.compile(url).match(clean_url):
-                    return _Route("serve", handler, tuple(touched))
+                    return _Route("serve", handler, tuple(touched), keep)
     if _NOT_IMPLEMENTED_URL.match(clean_url):
-        return _Route("not-implemented", None, tuple(touched))
-    return _Route("unmocked", None, tuple(touched))
+        return _Route("not-implemented", None, tuple(touched), keep)
+    return _Route("unmocked", None, tuple(touched), keep)
 
 
 def process_request(self: Any, request: Any) -> Any:
@@ -143,7 +149,7 @@ def process_request(self: Any, request: Any) -> Any:
     route = _routes.get(key)
     if route is None:
         route = _resolve(clean_url)
-        if len(_routes) < _CACHE_LIMIT:
+        if route.keep and len(_routes) < _CACHE_LIMIT:
             _routes[key] = route
     else:
         for service in route.touched:

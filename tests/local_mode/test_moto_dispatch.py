@@ -152,7 +152,7 @@ def test_kept_names_are_per_class_shape_and_parent(kept_names: None) -> None:
         (Cluster(arn="not a task's"), "taskArn", shapes["Other"]),
         (Cluster(task_arn="plain"), "taskArn", shapes["Other"]),
     ]
-    picked = []
+    picked: list[Any] = []
     for _ in range(2):  # the second round from what the first kept
         picked.clear()
         for value, key, parent in cases:
@@ -285,3 +285,9 @@ def test_local_aws_serves_through_the_kept_dispatch() -> None:
         assert BotocoreStubber.process_request is moto_dispatch.process_request
         assert ResponseSerializer.get_value is moto_dispatch.serializer_get_value
         assert local.client("ecs").list_clusters()["clusterArns"] == [local.cluster_arn]
+
+
+def test_a_backend_reading_its_urls_from_the_environment_is_resolved_each_time(kept_routes: None) -> None:
+    """S3 reloads its URL module on every request (MOTO_S3_CUSTOM_ENDPOINTS): not kept."""
+    assert not moto_dispatch._resolve("https://s3.amazonaws.com/bucket").keep
+    assert moto_dispatch._resolve("https://ecs.us-east-1.amazonaws.com/").keep
