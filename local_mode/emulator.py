@@ -27,7 +27,10 @@ Entering the context:
   failure shapes a call can be broken in;
 * serializes DynamoDB attribute values in moto's responses directly (the same bytes as
   moto's generic serializer, a fraction of its CPU: see
-  ``local_mode.moto_patches``).
+  ``local_mode.moto_patches``);
+* keeps what moto recomputes on every call it serves although it is fixed once the
+  backends load (a URL's handler, the attribute names its serializer reads): see
+  ``local_mode.sim.moto_dispatch``.
 
 DynamoDB has two backends (``LocalAws(dynamodb=...)``):
 
@@ -92,6 +95,7 @@ from .sim.contract.worlds import moto_guard
 from .sim.dynamo import MemoryDynamo
 from .sim.dynamo.botocore_backend import serve_dynamodb_from
 from .sim.log_pages import LogPaging
+from .sim.moto_dispatch import install_moto_dispatch
 
 TOPIC_NAME = "gpu-training-notifications"
 QUEUE_NAME = "gpu-training-notifications-inbox"
@@ -236,6 +240,7 @@ class LocalAws:
         compare_missing_attributes_as_dynamodb_does()
         pass_start_task_network_configuration()
         install_emulator_speedups()
+        install_moto_dispatch()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the
         # simulated data plane owns task state instead.
         state_manager.set_transition("ecs::task", {"progression": "manual", "times": 10**12})
