@@ -20,7 +20,16 @@ from gpu_recovery import constants as C
 
 from ...events import ACCOUNT_ID, REGION
 from .clients import MemoryDynamoClient, MemoryTable, _Meta
-from .expressions import _attribute_names, _check_tokens_used, _condition, _update_tree, _Validator
+from .expressions import (
+    _attribute_names,
+    _check_tokens_used,
+    _condition,
+    _parsed_update,
+    _structure_checked,
+    _update_tree,
+    _Validator,
+)
+from .plain_updates import plain_update
 from .storage import Meter, _read_units, _Stored, _Table, _Usages, _write_units
 from .throughput import PartitionThroughput, throttling_reason
 from .values import (
@@ -404,25 +413,35 @@ class DynamoCore:
         the old item stays intact (a cancelled transaction keeps it) at O(what changed)."""
         expression = p.get("UpdateExpression")
         names = dict(p.get("ExpressionAttributeNames") or {})
-        tree = _update_tree(expression) if expression else None
-        changed = _attribute_names(tree, names, str(expression)) if tree is not None else set()
+        parsed = _parsed_update(expression) if expression else None
+        changed = _attribute_names(parsed, names, str(expression)) if parsed is not None else set()
+        # A plain expression (top-level paths, :value operands) runs without moto's passes
+        # (plain_updates), once its structure passed moto's checks (the first call of each
+        # expression and names takes moto's path).
+        plan = plain_update(str(expression), names, parsed) if parsed is not None and \
+            _structure_checked(str(expression), names, table.shape) else None
         touched = changed if old is not None else None  # a new item: all of it
         if old is not None:
             attrs = dict(old.item.attrs)
-            for name in changed:
-                if name in attrs:
-                    attrs[name] = _clone_value(attrs[name])
+            if plan is None:  # moto's executors change values in place (a plan copies what it changes)
+                for name in changed:
+                    if name in attrs:
+                        attrs[name] = _clone_value(attrs[name])
             item = _new_item(old.item.hash_key, old.item.range_key, attrs)
         else:
             attrs = {table.hash_key: h}
             if r is not None and table.range_key:
                 attrs[table.range_key] = r
             item = _new_item(h, r, attrs)
-        if tree is None:
+        if parsed is None:
             return item, touched
         values = dict(p.get("ExpressionAttributeValues") or {})
         try:
-            tree = _Validator(tree, names, values, item, table.shape, str(expression)).validate()
+            if plan is not None:
+                plan.apply(item, values, table.shape, names)
+                return item, touched
+            tree = _Validator(_update_tree(str(expression)), names, values, item, table.shape,
+                              str(expression)).validate()
             tree.normalize()
             UpdateExpressionExecutor(tree, item, names).execute()
         except DynamodbException as error:

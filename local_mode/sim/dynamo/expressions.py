@@ -94,6 +94,12 @@ def _condition(expression: str | None, names: Mapping[str, str] | None,
 
 
 def _update_tree(expression: str) -> Any:
+    """A fresh copy of the expression's parse (moto's validation rewrites it)."""
+    return _clone_tree(_parsed_update(expression))
+
+
+def _parsed_update(expression: str) -> Any:
+    """The expression's parse, shared: not to be changed."""
     with _cache_lock:
         tree = _update_trees.get(expression)
     if tree is None:
@@ -104,7 +110,15 @@ def _update_tree(expression: str) -> Any:
         _mark_kinds_below(tree, {})
         with _cache_lock:
             _update_trees[expression] = tree
-    return _clone_tree(tree)
+    return tree
+
+
+def _structure_checked(expression: str, names: Mapping[str, str], shape: Any) -> bool:
+    """Whether the expression with these names passed moto's structure checks on a table
+    of this key (``_STRUCTURE_CHECKS``)."""
+    key = (expression, tuple(sorted(names.items())), tuple(shape.table_key_attrs))
+    with _cache_lock:
+        return key in _structure_passed
 
 
 #: the attribute of a parsed update expression's nodes (and so of their clones) naming the node
