@@ -30,6 +30,7 @@ from .expressions import (
     _Validator,
 )
 from .plain_updates import plain_update
+from .projections import project, read_projection
 from .storage import Meter, _read_units, _Stored, _Table, _Usages, _write_units
 from .throughput import PartitionThroughput, throttling_reason
 from .values import (
@@ -322,6 +323,7 @@ class DynamoCore:
     def _op_GetItem(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
         key, _, _ = table.key_of(p["Key"])
+        paths = read_projection(p)  # refused before the read, the item there or not
         stored = table.items.get(key)
         size = stored.size if stored else 0
         consistent = bool(p.get("ConsistentRead"))
@@ -331,12 +333,8 @@ class DynamoCore:
         self._count_read(usages, 1, size, _read_units(size, consistent))
         if stored is None:
             return {}
-        item = stored.item
-        if p.get("ProjectionExpression"):
-            _check_tokens_used(p, p["ProjectionExpression"])
-            return {"Item": {k: _python(v) for k, v in self._projection(item, p).attrs.items()}}
-        if p.get("ExpressionAttributeNames"):
-            raise _validation("ExpressionAttributeNames can only be specified when using expressions")
+        if paths is not None:
+            return {"Item": {k: _python(v) for k, v in project(stored.item, paths).attrs.items()}}
         return {"Item": _copy(stored.python())}
 
     def _op_PutItem(self, p: dict[str, Any], usages: _Usages, invocation: str) -> dict[str, Any]:
@@ -502,32 +500,3 @@ class DynamoCore:
                 u.conflicts_by_item[table.key_label(key)] += 1
         if failure.code in ("ConditionalCheckFailedException", "TransactionConflictException"):
             self._count_write(usages, table, key, 0, old.size if old else 0, 1, 0.0, False)
-
-    # --- reads ------------------------------------------------------------------------------
-    def _projection(self, item: Item, p: Mapping[str, Any]) -> Item:
-        names = p.get("ExpressionAttributeNames") or {}
-        paths = []
-        for part in str(p["ProjectionExpression"]).split(","):
-            path = []
-            for element in part.strip().split("."):
-                path.append(names.get(element, element))
-            paths.append(path)
-        result: dict[str, DynamoType] = {}
-        for path in paths:
-            top = item.attrs.get(path[0])
-            if top is None:
-                continue
-            if len(path) == 1:
-                result[path[0]] = top
-                continue
-            value: DynamoType | None = top
-            for element in path[1:]:
-                value = value.child_attr(element) if value is not None else None
-            if value is None:
-                continue
-            nested = result.setdefault(path[0], DynamoType({"M": {}}))
-            target = nested
-            for element in path[1:-1]:
-                target = target.value.setdefault(element, DynamoType({"M": {}}))
-            target.value[path[-1]] = value
-        return _new_item(item.hash_key, item.range_key, result)
