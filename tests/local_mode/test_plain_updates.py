@@ -17,6 +17,7 @@ from moto.dynamodb.parsing.expressions import UpdateExpressionParser
 from moto.dynamodb.parsing.validators import UpdateExpressionValidator
 
 from local_mode.sim.dynamo import MemoryDynamo, core, plain_updates
+from local_mode.sim.dynamo.expressions import _check_structure
 from local_mode.sim.dynamo.plain_updates import plain_update
 from local_mode.sim.dynamo.storage import _TableShape
 from local_mode.sim.dynamo.values import _new_item
@@ -25,7 +26,7 @@ _TABLE = _TableShape(["pk", "sk"], ["pk", "sk", "gsi_pk"],
                      [{"AttributeName": name, "AttributeType": "S"} for name in ("pk", "sk", "gsi_pk")]
                      + [{"AttributeName": "#g", "AttributeType": "N"}])
 
-#: plain expressions moto's structure checks pass (the plan is used only for those)
+#: plain expressions (moto's structure checks, run before a plan, refuse the last three)
 _PLAIN = [
     ("SET #s = :s, #v = :one, updated = :now", {"#s": "status", "#v": "version"}),
     ("SET #s = :s REMOVE #l, gone", {"#s": "status", "#l": "lease"}),
@@ -40,6 +41,9 @@ _PLAIN = [
     ("DELETE #t :tags SET #s = :s", {"#t": "tags", "#s": "status"}),
     ("DELETE #t :tags, #o :tags", {"#t": "tags", "#o": "others"}),
     ("ADD #s :one", {"#s": "status"}),  # a string: not a number
+    ("SET pk = :s", {}),  # a key attribute
+    ("SET #s = :s REMOVE #k", {"#s": "status", "#k": "sk"}),  # a key attribute by a placeholder
+    ("SET #s = :s SET #v = :one", {"#s": "status", "#v": "version"}),  # two SET clauses
 ]
 #: not plain: moto's path
 _NOT_PLAIN = [
@@ -98,12 +102,14 @@ def _moto(expression: str, names: dict[str, str], values: dict[str, Any], attrs:
 
 
 def _planned(expression: str, names: dict[str, str], values: dict[str, Any], attrs: dict[str, Any]) -> Any:
-    plan = plain_update(expression, names, UpdateExpressionParser.make(expression))
+    tree = UpdateExpressionParser.make(expression)
+    plan = plain_update(expression, names, tree)
     assert plan is not None
     old = _item(attrs)
     before = _dump(old.attrs)
     item = _new_item(old.hash_key, old.range_key, dict(old.attrs))  # sharing the old values, as the store
     try:
+        _check_structure(tree, names, _TABLE, expression)
         plan.apply(item, values, _TABLE, names)
     except Exception as error:
         return "error", type(error).__name__, str(error)
@@ -127,13 +133,14 @@ def test_other_updates_get_no_plan(expression: str, names: dict[str, str]) -> No
 
 
 def test_the_cases_reach_every_outcome() -> None:
-    """The cases above exercise applied updates and each of moto's errors on the way."""
+    """The cases above exercise applied updates and each of moto's errors on the way (the
+    structure checks' among them)."""
     outcomes = [_moto(e, n, v, i) for e, n in _PLAIN for v in _VALUES.values() for i in _ITEMS.values()]
     errors = {o[1] for o in outcomes if o[0] == "error"}
     assert sum(o[0] != "error" for o in outcomes) >= 20
     assert errors >= {"ExpressionAttributeValueNotDefined", "InvalidAttributeTypeError",
                       "EmptyKeyAttributeException", "IncorrectDataType", "IncorrectOperandType",
-                      "MockValidationException"}, errors
+                      "MockValidationException", "UpdateHashRangeKeyException", "TooManyClauses"}, errors
 
 
 def test_a_plan_is_kept_per_expression_and_names() -> None:
@@ -219,7 +226,7 @@ def test_the_store_answers_as_on_moto_s_path(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(plain_updates.PlainUpdate, "apply", counted)
     with_plans = _run_script(planned)
-    assert len(applied) == 7  # the repeated expressions that got that far took the plan
+    assert len(applied) == 11  # every update that got that far took its plan (not "SET pk", refused first)
     monkeypatch.setattr(core, "plain_update", lambda *_: None)
     motos = MemoryDynamo()
     motos.create_table(TableName="t", **_TABLE_DEFINITION)

@@ -22,10 +22,10 @@ from ...events import ACCOUNT_ID, REGION
 from .clients import MemoryDynamoClient, MemoryTable, _Meta
 from .expressions import (
     _attribute_names,
+    _check_structure,
     _check_tokens_used,
     _condition,
     _parsed_update,
-    _structure_checked,
     _update_tree,
     _Validator,
 )
@@ -414,10 +414,8 @@ class DynamoCore:
         parsed = _parsed_update(expression) if expression else None
         changed = _attribute_names(parsed, names, str(expression)) if parsed is not None else set()
         # A plain expression (top-level paths, :value operands) runs without moto's passes
-        # (plain_updates), once its structure passed moto's checks (the first call of each
-        # expression and names takes moto's path).
-        plan = plain_update(str(expression), names, parsed) if parsed is not None and \
-            _structure_checked(str(expression), names, table.shape) else None
+        # but its structure checks (plain_updates).
+        plan = plain_update(str(expression), names, parsed) if parsed is not None else None
         touched = changed if old is not None else None  # a new item: all of it
         if old is not None:
             attrs = dict(old.item.attrs)
@@ -436,6 +434,7 @@ class DynamoCore:
         values = dict(p.get("ExpressionAttributeValues") or {})
         try:
             if plan is not None:
+                _check_structure(parsed, names, table.shape, str(expression))
                 plan.apply(item, values, table.shape, names)
                 return item, touched
             tree = _Validator(_update_tree(str(expression)), names, values, item, table.shape,

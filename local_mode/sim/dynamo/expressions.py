@@ -113,12 +113,20 @@ def _parsed_update(expression: str) -> Any:
     return tree
 
 
-def _structure_checked(expression: str, names: Mapping[str, str], shape: Any) -> bool:
-    """Whether the expression with these names passed moto's structure checks on a table
-    of this key (``_STRUCTURE_CHECKS``)."""
+def _check_structure(tree: Any, names: dict[str, str], shape: Any, expression: str) -> None:
+    """moto's structure checks (``_STRUCTURE_CHECKS``, in its order, raising its errors) on the
+    expression's shared parse (``tree``): they read it and change nothing, so they run once
+    per (expression, names, table key), as in :class:`_Validator`."""
     key = (expression, tuple(sorted(names.items())), tuple(shape.table_key_attrs))
     with _cache_lock:
-        return key in _structure_passed
+        if key in _structure_passed:
+            return
+    put_in: set[type] = set()
+    for processor in (ActionCountValidator(), OverlappingPathsValidator(names),
+                      UpdateHashRangeKeyValidator(shape.table_key_attrs, names or {})):
+        _traverse(_Pass(processor, put_in), tree)
+    with _cache_lock:
+        _structure_passed.add(key)
 
 
 #: the attribute of a parsed update expression's nodes (and so of their clones) naming the node

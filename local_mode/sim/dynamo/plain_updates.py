@@ -5,9 +5,10 @@ validation passes, with the same outcome.
 What moto does with such an expression, pass by pass (``UpdateExpressionValidator``):
 
 1. its structure checks (action counts, overlapping paths, key attributes): read only the
-   expression, its names and the table's key (``expressions._STRUCTURE_CHECKS``). A plan is
-   used only for a (expression, names, key) that passed them once: then every placeholder of
-   a path is defined and no top-level attribute is named by two actions;
+   expression, its names and the table's key; run before a plan as before moto's passes
+   (``expressions._check_structure``, once per expression, names and key). A plan exists
+   only where every placeholder of a path is defined and no top-level attribute is named by
+   two actions (else moto's path, whose checks refuse it);
 2. each ``:value`` in the expression's order: undefined -> ``ExpressionAttributeValueNotDefined``,
    else ``DynamoType(value)``;
 3. each path resolved on the item: a top-level name resolves or is creatable, never an
