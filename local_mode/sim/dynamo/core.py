@@ -20,7 +20,17 @@ from gpu_recovery import constants as C
 
 from ...events import ACCOUNT_ID, REGION
 from .clients import MemoryDynamoClient, MemoryTable, _Meta
-from .expressions import _attribute_names, _check_tokens_used, _condition, _update_tree, _Validator
+from .expressions import (
+    _attribute_names,
+    _check_structure,
+    _check_tokens_used,
+    _condition,
+    _parsed_update,
+    _update_tree,
+    _Validator,
+)
+from .plain_updates import plain_update
+from .projections import project, read_projection
 from .storage import Meter, _read_units, _Stored, _Table, _Usages, _write_units
 from .throughput import PartitionThroughput, throttling_reason
 from .values import (
@@ -313,6 +323,7 @@ class DynamoCore:
     def _op_GetItem(self, p: dict[str, Any], usages: _Usages, _invocation: str) -> dict[str, Any]:
         table = self._table(p["TableName"])
         key, _, _ = table.key_of(p["Key"])
+        paths = read_projection(p)  # refused before the read, the item there or not
         stored = table.items.get(key)
         size = stored.size if stored else 0
         consistent = bool(p.get("ConsistentRead"))
@@ -322,12 +333,8 @@ class DynamoCore:
         self._count_read(usages, 1, size, _read_units(size, consistent))
         if stored is None:
             return {}
-        item = stored.item
-        if p.get("ProjectionExpression"):
-            _check_tokens_used(p, p["ProjectionExpression"])
-            return {"Item": {k: _python(v) for k, v in self._projection(item, p).attrs.items()}}
-        if p.get("ExpressionAttributeNames"):
-            raise _validation("ExpressionAttributeNames can only be specified when using expressions")
+        if paths is not None:
+            return {"Item": {k: _python(v) for k, v in project(stored.item, paths).attrs.items()}}
         return {"Item": _copy(stored.python())}
 
     def _op_PutItem(self, p: dict[str, Any], usages: _Usages, invocation: str) -> dict[str, Any]:
@@ -404,25 +411,34 @@ class DynamoCore:
         the old item stays intact (a cancelled transaction keeps it) at O(what changed)."""
         expression = p.get("UpdateExpression")
         names = dict(p.get("ExpressionAttributeNames") or {})
-        tree = _update_tree(expression) if expression else None
-        changed = _attribute_names(tree, names, str(expression)) if tree is not None else set()
+        parsed = _parsed_update(expression) if expression else None
+        changed = _attribute_names(parsed, names, str(expression)) if parsed is not None else set()
+        # A plain expression (top-level paths, :value operands) runs without moto's passes
+        # but its structure checks (plain_updates).
+        plan = plain_update(str(expression), names, parsed) if parsed is not None else None
         touched = changed if old is not None else None  # a new item: all of it
         if old is not None:
             attrs = dict(old.item.attrs)
-            for name in changed:
-                if name in attrs:
-                    attrs[name] = _clone_value(attrs[name])
+            if plan is None:  # moto's executors change values in place (a plan copies what it changes)
+                for name in changed:
+                    if name in attrs:
+                        attrs[name] = _clone_value(attrs[name])
             item = _new_item(old.item.hash_key, old.item.range_key, attrs)
         else:
             attrs = {table.hash_key: h}
             if r is not None and table.range_key:
                 attrs[table.range_key] = r
             item = _new_item(h, r, attrs)
-        if tree is None:
+        if parsed is None:
             return item, touched
         values = dict(p.get("ExpressionAttributeValues") or {})
         try:
-            tree = _Validator(tree, names, values, item, table.shape, str(expression)).validate()
+            if plan is not None:
+                _check_structure(parsed, names, table.shape, str(expression))
+                plan.apply(item, values, table.shape, names)
+                return item, touched
+            tree = _Validator(_update_tree(str(expression)), names, values, item, table.shape,
+                              str(expression)).validate()
             tree.normalize()
             UpdateExpressionExecutor(tree, item, names).execute()
         except DynamodbException as error:
@@ -483,32 +499,3 @@ class DynamoCore:
                 u.conflicts_by_item[table.key_label(key)] += 1
         if failure.code in ("ConditionalCheckFailedException", "TransactionConflictException"):
             self._count_write(usages, table, key, 0, old.size if old else 0, 1, 0.0, False)
-
-    # --- reads ------------------------------------------------------------------------------
-    def _projection(self, item: Item, p: Mapping[str, Any]) -> Item:
-        names = p.get("ExpressionAttributeNames") or {}
-        paths = []
-        for part in str(p["ProjectionExpression"]).split(","):
-            path = []
-            for element in part.strip().split("."):
-                path.append(names.get(element, element))
-            paths.append(path)
-        result: dict[str, DynamoType] = {}
-        for path in paths:
-            top = item.attrs.get(path[0])
-            if top is None:
-                continue
-            if len(path) == 1:
-                result[path[0]] = top
-                continue
-            value: DynamoType | None = top
-            for element in path[1:]:
-                value = value.child_attr(element) if value is not None else None
-            if value is None:
-                continue
-            nested = result.setdefault(path[0], DynamoType({"M": {}}))
-            target = nested
-            for element in path[1:-1]:
-                target = target.value.setdefault(element, DynamoType({"M": {}}))
-            target.value[path[-1]] = value
-        return _new_item(item.hash_key, item.range_key, result)

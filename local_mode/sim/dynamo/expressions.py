@@ -94,6 +94,12 @@ def _condition(expression: str | None, names: Mapping[str, str] | None,
 
 
 def _update_tree(expression: str) -> Any:
+    """A fresh copy of the expression's parse (moto's validation rewrites it)."""
+    return _clone_tree(_parsed_update(expression))
+
+
+def _parsed_update(expression: str) -> Any:
+    """The expression's parse, shared: not to be changed."""
     with _cache_lock:
         tree = _update_trees.get(expression)
     if tree is None:
@@ -104,7 +110,23 @@ def _update_tree(expression: str) -> Any:
         _mark_kinds_below(tree, {})
         with _cache_lock:
             _update_trees[expression] = tree
-    return _clone_tree(tree)
+    return tree
+
+
+def _check_structure(tree: Any, names: dict[str, str], shape: Any, expression: str) -> None:
+    """moto's structure checks (``_STRUCTURE_CHECKS``, in its order, raising its errors) on the
+    expression's shared parse (``tree``): they read it and change nothing, so they run once
+    per (expression, names, table key), as in :class:`_Validator`."""
+    key = (expression, tuple(sorted(names.items())), tuple(shape.table_key_attrs))
+    with _cache_lock:
+        if key in _structure_passed:
+            return
+    put_in: set[type] = set()
+    for processor in (ActionCountValidator(), OverlappingPathsValidator(names),
+                      UpdateHashRangeKeyValidator(shape.table_key_attrs, names or {})):
+        _traverse(_Pass(processor, put_in), tree)
+    with _cache_lock:
+        _structure_passed.add(key)
 
 
 #: the attribute of a parsed update expression's nodes (and so of their clones) naming the node

@@ -12,6 +12,7 @@ from moto.dynamodb.parsing.key_condition_expression import parse_expression as p
 
 from .core import DynamoCore
 from .expressions import _check_tokens_used, _condition
+from .projections import project, projection_paths, read_projection
 from .storage import _Index, _project, _read_units, _Table, _Usages
 from .values import (
     MAX_BATCH_GET_BYTES,
@@ -35,11 +36,14 @@ class Reads(DynamoCore):
         total_keys = sum(len(r.get("Keys") or []) for r in requests.values())
         if total_keys > MAX_BATCH_GET_KEYS:
             raise _validation("Too many items requested for the BatchGetItem call")
+        # Each table's projection is checked before any read (a refusal refuses the call).
+        projections = {name: read_projection(request) for name, request in requests.items()}
         responses: dict[str, list[dict[str, Any]]] = {}
         unprocessed: dict[str, Any] = {}
         returned = 0
         for name, request in requests.items():
             table = self._table(name)
+            paths = projections[name]
             consistent = bool(request.get("ConsistentRead"))
             seen: set[tuple[Any, ...]] = set()
             found: list[dict[str, Any]] = []
@@ -58,8 +62,7 @@ class Reads(DynamoCore):
                 self._count_read(usages, 1, size, _read_units(size, consistent))
                 if stored is not None:
                     returned += size
-                    item = stored.item if not request.get("ProjectionExpression") else \
-                        self._projection(stored.item, request)
+                    item = stored.item if paths is None else project(stored.item, paths)
                     found.append(_copy(stored.python()) if item is stored.item
                                  else {k: _python(v) for k, v in item.attrs.items()})
             responses[name] = found
@@ -115,6 +118,8 @@ class Reads(DynamoCore):
             raise _validation("Limit must be greater than or equal to 1")
         filter_op = _condition(p.get("FilterExpression"), p.get("ExpressionAttributeNames"),
                                p.get("ExpressionAttributeValues"), "FilterExpression")
+        projection = p.get("ProjectionExpression")
+        paths = projection_paths(projection, p.get("ExpressionAttributeNames") or {}) if projection else None
         select = p.get("Select") or "ALL_ATTRIBUTES"
         items: list[dict[str, Any]] = []
         evaluated = matched = size = 0
@@ -133,8 +138,8 @@ class Reads(DynamoCore):
             if filter_op is None or filter_op.expr(item):
                 matched += 1
                 if select != "COUNT":
-                    if p.get("ProjectionExpression"):
-                        items.append({k: _python(v) for k, v in self._projection(item, p).attrs.items()})
+                    if paths is not None:
+                        items.append({k: _python(v) for k, v in project(item, paths).attrs.items()})
                     elif item is stored.item:
                         items.append(_copy(stored.python()))
                     else:
