@@ -32,8 +32,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric(name="JobsAdmitted", unit=MetricUnit.Count, value=len(result.admitted))
     metrics.add_metric(name="LaunchFailures", unit=MetricUnit.Count, value=result.launch_failures)
     metrics.add_metric(name="QueueDepthRead", unit=MetricUnit.Count, value=result.queue_items_read)
-    # Admission skipped: an older release's ledger drain spent the tick's budget (the next one admits).
-    metrics.add_metric(name="AdmissionsSkipped", unit=MetricUnit.Count, value=int(result.admission_skipped))
     outcome = result.as_dict()
     trigger = (event or {}).get("reason") or (event or {}).get("detail-type") or "invoke"
     logger.info("scheduler tick done", extra={**outcome, "trigger": trigger})

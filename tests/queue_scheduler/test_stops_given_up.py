@@ -75,6 +75,7 @@ def test_an_aborted_launchs_given_up_stop_is_counted_at_once(monkeypatch, capsys
         line = emitted["AbortedLaunchStopsGivenUp"]
         assert line["AbortedLaunchStopsGivenUp"] == [1.0] and line["service"] == "recovery-sweep"
         assert line["_aws"]["CloudWatchMetrics"][0]["Namespace"] == METRICS_NAMESPACE
+        assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["service"]]  # what the alarm matches
         assert "AbortedLaunchStopsGivenUp" not in sweep_metrics.metric_set
         [record] = [r for r in caplog.records if "aborted launch given up" in r.getMessage()]
         assert record.job_id == job  # type: ignore[attr-defined]
@@ -105,3 +106,35 @@ def test_an_ended_jobs_given_up_stop_is_counted(qc, monkeypatch, caplog, ended):
     [record] = [r for r in caplog.records if "ended job given up" in r.getMessage()]
     assert (record.job_id, record.job_state) == (job, ended.value)  # type: ignore[attr-defined]
     assert rank0 in qc.live_tasks(job)  # what the count is for: it may run on
+
+
+def test_an_ended_jobs_given_up_stop_with_no_rank_left_running_is_not_counted(monkeypatch, caplog):
+    """Given a 2-node job whose launch placed rank 0 only (rank 1 never started, so its end is
+    never reported), rank 0 since ended, the job FAILED with a stop intent whose rounds are spent
+    When the sweep gives the stop up
+    Then the intent ends but nothing is counted or logged as an error: no rank registered and not
+    ended may still run (an alarm for it would page for nothing)."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        job, scheduler, thieves = launch_that_fails_on_node_1(qc)
+        [launch] = scheduler.tick().launches
+        assert launch["action"] == "requeued"
+        qc.sim.run_for(120)  # the aborted launch's stop: rank 0 stopped, its end recorded
+        for thief in thieves:
+            aws.client("ecs").stop_task(cluster=qc.local.cluster_name, task=thief)
+        assert qc.live_tasks(job) == []
+        assert qc.recovery.gang.data.latches.registered_not_ended(job, 1, 2) == set()
+        set_fields(qc, job, job_state=JobState.FAILED.value,
+                   stop_fanout={"attempt": 1, "at": int(clock.now()) - 9000, "why": "job ended",
+                                "remediation": False})
+        _spend_the_rounds(qc, job)
+        recorded = Recorded()
+        monkeypatch.setattr(qc.recovery.metrics_relay, "target", recorded)
+        with caplog.at_level(logging.ERROR, logger="gpu_recovery.recovery.gang"):
+            assert qc.recovery.gang.stop_due(qc.repo.jobs.get_job(job), clock.now()) == "stop_given_up"
+        assert "stop_fanout" not in qc.item(job)
+        assert recorded.names == []
+        assert not [r for r in caplog.records if "given up" in r.getMessage()]
+    finally:
+        gen.close()

@@ -348,11 +348,12 @@ def _drain_taking(scheduler: Any, monkeypatch: Any, seconds: float) -> None:
 
 
 def test_the_drain_takes_an_entry_only_with_its_margin_left(monkeypatch: Any) -> None:
-    """Given the older launcher's launches of two 1-node jobs in flight, the tick's budget 30 s,
-    and the first entry's drain taking 25 s (5 s left: less than an entry's own calls may take)
+    """Given the older launcher's launches of two 1-node jobs in flight, the tick's budget 45 s,
+    and the first entry's drain taking 25 s (20 s left, 5 s of them the drain's once admission's
+    15 s are kept: less than an entry's own calls may take)
     When the upgraded scheduler ticks
-    Then the second entry is deferred (not started with 5 s left, its calls running past the
-    budget into the handler's safety margin); the next tick drains it."""
+    Then the second entry is deferred (not started with 5 s of the drain's share left, its calls
+    running into admission's time); the next tick drains it."""
     gen = make_queue_cluster(nodes=[8, 8, 8])
     qc = next(gen)
     try:
@@ -360,37 +361,53 @@ def test_the_drain_takes_an_entry_only_with_its_margin_left(monkeypatch: Any) ->
         scheduler = qc.scheduler()
         _drain_taking(scheduler, monkeypatch, 25)
         earlier, later = sorted([first, second])
-        assert scheduler.tick(time_budget_seconds=30).drained == [
+        assert scheduler.tick(time_budget_seconds=45).drained == [
             {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
         assert set(_ledger(qc)) == {later}
         monkeypatch.undo()
+        assert scheduler.tick(time_budget_seconds=45).drained == [{"job_id": later, "action": "completed"}]
+    finally:
+        gen.close()
+
+
+def test_the_drain_leaves_admission_its_share_of_the_budget(monkeypatch: Any) -> None:
+    """Given the older launcher's launches of two 1-node jobs in flight, a 1-node job queued behind
+    them and a free node, the tick's budget 30 s, each entry's drain taking 10 s
+    When the upgraded scheduler ticks, then ticks again
+    Then the first tick drains the first entry, defers the second (admission's 15 s are not the
+    drain's) and still admits the queued job: entries whose calls are slow tick after tick delay
+    the drain, never the queue behind it; the next tick drains the second entry."""
+    gen = make_queue_cluster(nodes=[8, 8, 8])
+    qc = next(gen)
+    try:
+        first, second, queued = _two_old_launches_and_a_queued_job(qc)
+        scheduler = qc.scheduler()
+        _drain_taking(scheduler, monkeypatch, 10)
+        earlier, later = sorted([first, second])
+        result = scheduler.tick(time_budget_seconds=30)
+        assert result.drained == [{"job_id": earlier, "action": "completed"},
+                                  {"job_id": later, "action": "deferred"}]
+        assert result.admitted == [queued]
         assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
     finally:
         gen.close()
 
 
-def test_a_tick_whose_drain_spent_its_budget_skips_admission(monkeypatch: Any, caplog: Any) -> None:
-    """Given the older launcher's launches of two 1-node jobs in flight, a 1-node job queued behind
-    them and a free node, the tick's budget 30 s, each entry's drain taking 10 s (10 s left after
-    both: within admission's margin)
-    When the upgraded scheduler ticks, then ticks again
-    Then the first tick drains both and skips admission (said in its result and a WARNING: the
-    queue page, the snapshot and a launch would run past the budget); the next tick admits the
-    queued job."""
+def test_a_budget_below_the_margins_still_drains_an_entry_a_tick() -> None:
+    """Given the older launcher's launches of two 1-node jobs in flight and a tick's budget of 5 s
+    (below admission's share and an entry's margin: the setting allows it)
+    When the upgraded scheduler ticks twice
+    Then each tick drains one entry (its first whatever is left): the ledger empties, it is never
+    deferred tick after tick."""
     gen = make_queue_cluster(nodes=[8, 8, 8])
     qc = next(gen)
     try:
-        _, _, queued = _two_old_launches_and_a_queued_job(qc)
+        first, second, _ = _two_old_launches_and_a_queued_job(qc)
         scheduler = qc.scheduler()
-        _drain_taking(scheduler, monkeypatch, 10)
-        with caplog.at_level(logging.WARNING, logger="gpu_recovery.queue.scheduler"):
-            result = scheduler.tick(time_budget_seconds=30)
-        assert [d["action"] for d in result.drained] == ["completed", "completed"]
-        assert result.admitted == [] and qc.state(queued) is JobState.QUEUED
-        assert result.admission_skipped and result.queue_items_read == 0
-        assert "admission skipped" in result.stop_reason
-        assert any("admission skipped" in r.getMessage() for r in caplog.records)
-        later = scheduler.tick(time_budget_seconds=30)
-        assert later.admitted == [queued] and not later.admission_skipped
+        earlier, later = sorted([first, second])
+        assert scheduler.tick(time_budget_seconds=5).drained == [
+            {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
+        assert scheduler.tick(time_budget_seconds=5).drained == [{"job_id": later, "action": "completed"}]
+        assert _ledger(qc) == {}
     finally:
         gen.close()

@@ -20,9 +20,10 @@ read) and, while it is not empty, ends each of its launches here:
   it, found by its old ``startedBy``), a cancel with no live rank finished.
 
 Each step is idempotent and the entry goes last (a conditional REMOVE): a tick dying mid-drain
-leaves the entry, and the next tick finishes it. The drain keeps to the tick's time budget: it takes
-an entry only while ``ENTRY_MARGIN_SECONDS`` are left (the entry's own calls), and an entry not
-reached (``deferred``) is the next tick's. An entry this tick did not drain (a step
+leaves the entry, and the next tick finishes it. The drain keeps to the time it is given (the tick's
+budget less admission's share): it takes the first entry whatever is left and each further one only
+while ``ENTRY_MARGIN_SECONDS`` are left (the entry's own calls), and an entry not reached
+(``deferred``) is the next tick's. An entry this tick did not drain (a step
 failed: ``drain_failed``; a stop ECS refused: ``stops_pending``; not reached: ``deferred``, as
 behind an entry whose calls hang tick after tick) keeps its job out of admission until it is:
 each counts in ``UpgradeLaunchesNotDrained`` (a metric that stays above 0 tick after tick is a
@@ -97,9 +98,10 @@ class LedgerDrain:
         """End every launch of ``ledger`` (job id -> entry, as read with the lease) while the
         tick's budget (``time_left``, seconds) leaves an entry's margin: the rest is deferred to
         the next tick."""
-        outcomes = []
+        outcomes: list[dict[str, str]] = []
         for job_id, entry in sorted(ledger.items()):
-            if time_left() < ENTRY_MARGIN_SECONDS:
+            # The first entry whatever is left (a small budget still drains, one entry a tick).
+            if outcomes and time_left() < ENTRY_MARGIN_SECONDS:
                 outcomes.append({"job_id": job_id, "action": "deferred"})
                 continue
             try:

@@ -78,8 +78,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["LEASE_KEY", "QueueScheduler", "SchedulerConfig", "build_scheduler"]
 
 PREMARKED = "marked to become a spare when it frees"
-# Admission runs after an older release's ledger drain only with this much of the tick's budget
-# left: a queue page, the cluster's snapshot and one launch's calls (a launch is not cut short).
+# An older release's ledger drain leaves admission this much of the tick's budget: a queue page,
+# the cluster's snapshot and one launch's calls (a launch is not cut short).
 ADMISSION_MARGIN_SECONDS = 15.0
 
 
@@ -103,7 +103,6 @@ class TickResult:
     nodes_seen: int = 0
     stop_reason: str = ""
     drained: list[dict[str, str]] = field(default_factory=list)  # an older release's launches ended
-    admission_skipped: bool = False  # the drain spent the budget: the next tick admits
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -220,15 +219,11 @@ class QueueScheduler:
         try:
             result = TickResult()
             if self.drain is not None and self.lease.ledger:  # only until an upgrade's ledger is drained
-                result.drained = self.drain.run(self.lease.ledger, time_left)
-                if time_left() <= ADMISSION_MARGIN_SECONDS:
-                    # The drain spent the budget: housekeeping and admission (a snapshot, a
-                    # launch's calls) would run into the handler's safety margin. The next tick admits.
-                    result.admission_skipped = True
-                    result.stop_reason = "admission skipped: the ledger drain spent the time budget"
-                    logger.warning("admission skipped: the ledger drain spent the tick's time budget; "
-                                   "the next tick admits", extra={"time_left": round(time_left(), 1)})
-                    return result
+                # Admission's share of the budget is kept from the drain (a queue page, the
+                # cluster's snapshot, a launch): an entry whose calls hang tick after tick delays
+                # the drain, never the queue behind it.
+                result.drained = self.drain.run(self.lease.ledger,
+                                                lambda: time_left() - ADMISSION_MARGIN_SECONDS)
             if self.sharing is not None:
                 done = self.sharing.housekeeping(clock.now())
                 result.quota_released, result.demoted = done["released"], done["demoted"]

@@ -256,7 +256,13 @@ class GangOps:
             # again: the scheduler admits it no more while the intent lives, and the ranks were
             # asked to stop 1 + MAX_STOP_ROUNDS times). Any other's stays for its job's own step.
             aborted_launch = bool(intent.get("aborted_launch"))
-            if (job.state.is_terminal or aborted_launch) and self.fanouts.end_stop(job, attempt):
+            if not (job.state.is_terminal or aborted_launch):
+                return "stop_given_up"
+            # An ended job's ranks that never started (a restart failed part-way) never end:
+            # only a rank registered and not ended may still run. Read before the intent goes.
+            maybe_running = aborted_launch or bool(
+                self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size))
+            if self.fanouts.end_stop(job, attempt) and maybe_running:
                 self._stops_given_up(job, attempt, rounds, aborted_launch)
             return "stop_given_up"
         wait = max(RECHECK_SECONDS * 2 ** rounds, self.fanout_seconds(job) + REASK_AFTER_SECONDS)

@@ -108,9 +108,9 @@ def add_metric_now(metrics: MetricsPort, name: str, unit: str, value: float) -> 
     single metric), not with the invocation's metrics at its end: a count of something done once
     (its record gone with it) is not lost with an invocation that times out afterwards, the next
     run finding nothing left to count. Else (a test double) the plain count."""
-    now = getattr(metrics, "add_metric_now", None)
-    if now is not None:
-        now(name, unit, value)
+    emit_now = getattr(metrics, "add_metric_now", None)
+    if emit_now is not None:
+        emit_now(name, unit, value)
     else:
         metrics.add_metric(name, unit, value)
 
@@ -126,11 +126,7 @@ class MetricsRelay:
         self.target.add_metric(name, unit, value)
 
     def add_metric_now(self, name: str, unit: str, value: float) -> None:
-        now = getattr(self.target, "add_metric_now", None)
-        if now is not None:
-            now(name, unit, value)
-        else:
-            self.add_metric(name, unit, value)
+        add_metric_now(self.target, name, unit, value)
 
     def __getattr__(self, name: str) -> Any:
         # What the target has beyond the port (Powertools' dimensioned metric), as it has it.

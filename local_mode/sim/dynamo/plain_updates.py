@@ -135,6 +135,7 @@ class _Action:
 
 
 _lock = threading.Lock()
+_CACHE_LIMIT = 4096  # plans kept: past it, each is made per call
 #: (expression, sorted names) -> its plan, or None where the expression is not plain. Sound
 #: to keep: the plan is read off the expression's parse and its names only (the key)
 _plans: dict[tuple[str, tuple[tuple[str, str], ...]], PlainUpdate | None] = {}
@@ -149,7 +150,8 @@ def plain_update(expression: str, names: Mapping[str, str], tree: Any) -> PlainU
             return _plans[key]
     plan = _plan(tree, names)
     with _lock:
-        _plans[key] = plan
+        if len(_plans) < _CACHE_LIMIT:  # bounded, as the emulator's other caches
+            _plans[key] = plan
     return plan
 
 

@@ -19,6 +19,7 @@ Paths = tuple[tuple[str, ...], ...]
 _lock = threading.Lock()
 #: (expression, sorted names) -> its paths: they depend on nothing else
 _paths: dict[tuple[str, tuple[tuple[str, str], ...]], Paths] = {}
+_CACHE_LIMIT = 4096  # entries: past it, paths are resolved per read
 
 
 def read_projection(p: Mapping[str, Any]) -> Paths | None:
@@ -58,7 +59,8 @@ def projection_paths(expression: str, names: Mapping[str, str]) -> Paths:
         paths.append(tuple(path))
     found = tuple(paths)
     with _lock:
-        _paths[key] = found
+        if len(_paths) < _CACHE_LIMIT:  # bounded, as the emulator's other caches
+            _paths[key] = found
     return found
 
 
