@@ -196,31 +196,37 @@ def overdue_alarm_description(sweep: RecoveryFunction) -> str:
     )
 
 
-def aborted_launch_stops_alarm_description(sweep: RecoveryFunction) -> str:
+def _stops_given_up_description(sweep: RecoveryFunction, *, whose_ranks: str, metric_name: str,
+                                consequence: str, log_line: str, section: str) -> str:
+    """What the two give-up alarms say alike: how many asks, the metric, where the job is named and
+    what to do with its nodes; ``whose_ranks`` ends with the ranks' subject (they/its ... were)."""
     return (
-        f"The recovery sweep ({sweep.node.id}) gave up the stop of a queue launch it aborted: its "
-        f"started ranks were asked to stop {1 + MAX_STOP_ROUNDS} times and one is still not "
-        f"confirmed stopped ({METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP}). The job, queued again unless "
-        f"its launch failed it, may start while that rank still runs, typically on a node whose ECS "
-        f"agent is gone. Read the "
-        f"ERROR line 'stops of an aborted launch given up' in log group "
-        f"{sweep.log_group.log_group_name} (it names the job and attempt); `gpujobs show` lists its "
-        f"ranks' nodes: stop a task of the attempt still running by hand, replace a node whose agent "
-        f"is gone (section 'Aborted launches whose stops were given up'). {RUNBOOK}"
+        f"The recovery sweep ({sweep.node.id}) gave up the stop of {whose_ranks} asked to stop "
+        f"{1 + MAX_STOP_ROUNDS} times and one is still not confirmed stopped ({metric_name}). "
+        f"{consequence}, typically on a node whose ECS agent is gone. Read the ERROR line "
+        f"'{log_line}' in log group {sweep.log_group.log_group_name} (it names the job and "
+        f"attempt); `gpujobs show` lists its ranks' nodes: stop a task of the attempt still running "
+        f"by hand, replace a node whose agent is gone (section '{section}'). {RUNBOOK}"
     )
+
+
+def aborted_launch_stops_alarm_description(sweep: RecoveryFunction) -> str:
+    return _stops_given_up_description(
+        sweep, whose_ranks="a queue launch it aborted: its started ranks were",
+        metric_name=METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
+        consequence="The job, queued again unless its launch failed it, may start while that rank still runs",
+        log_line="stops of an aborted launch given up",
+        section="Aborted launches whose stops were given up")
 
 
 def ended_job_stops_alarm_description(sweep: RecoveryFunction) -> str:
-    return (
-        f"The recovery sweep ({sweep.node.id}) gave up the stop of an ended job's ranks: they were "
-        f"asked to stop {1 + MAX_STOP_ROUNDS} times and one is still not confirmed stopped "
-        f"({METRIC_ENDED_JOB_STOPS_GIVEN_UP}). The job is over (failed, canceled or completed) but "
-        f"that rank may still run and hold its node's GPUs, typically on a node whose ECS agent is "
-        f"gone. Read the ERROR line 'stops of an ended job given up' in log group "
-        f"{sweep.log_group.log_group_name} (it names the job and attempt); `gpujobs show` lists its "
-        f"ranks' nodes: stop a task of the attempt still running by hand, replace a node whose agent "
-        f"is gone (section 'Ended jobs whose stops were given up'). {RUNBOOK}"
-    )
+    return _stops_given_up_description(
+        sweep, whose_ranks="an ended job's ranks: they were",
+        metric_name=METRIC_ENDED_JOB_STOPS_GIVEN_UP,
+        consequence=("The job is over (failed, canceled or completed) but that rank may still run and "
+                     "hold its node's GPUs"),
+        log_line="stops of an ended job given up",
+        section="Ended jobs whose stops were given up")
 
 
 def sweep_metric(sweep: RecoveryFunction, metric_name: str = METRIC_OVERDUE_JOBS,
@@ -301,31 +307,33 @@ class Monitoring(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         self.overdue_alarm.add_alarm_action(action)
-        self.aborted_launch_stops_alarm = cloudwatch.Alarm(
-            self, "AbortedLaunchStopsGivenUpAlarm",
-            alarm_description=aborted_launch_stops_alarm_description(recovery_sweep),
-            metric=sweep_metric(recovery_sweep, METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Sum", 5),
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        self.aborted_launch_stops_alarm.add_alarm_action(action)
-        self.ended_job_stops_alarm = cloudwatch.Alarm(
-            self, "EndedJobStopsGivenUpAlarm",
-            alarm_description=ended_job_stops_alarm_description(recovery_sweep),
-            metric=sweep_metric(recovery_sweep, METRIC_ENDED_JOB_STOPS_GIVEN_UP, "Sum", 5),
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-        )
-        self.ended_job_stops_alarm.add_alarm_action(action)
+        self.aborted_launch_stops_alarm = self._pages_on_any(
+            "AbortedLaunchStopsGivenUpAlarm", recovery_sweep, METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
+            aborted_launch_stops_alarm_description(recovery_sweep), action)
+        self.ended_job_stops_alarm = self._pages_on_any(
+            "EndedJobStopsGivenUpAlarm", recovery_sweep, METRIC_ENDED_JOB_STOPS_GIVEN_UP,
+            ended_job_stops_alarm_description(recovery_sweep), action)
         self.alarms: list[cloudwatch.Alarm] = [*self.dlq_alarms.values(), *self.error_alarms.values(),
                                                self.overdue_alarm, self.aborted_launch_stops_alarm,
                                                self.ended_job_stops_alarm]
         self.dashboard = self._dashboard(functions, dead_letter_queues, rest_api, work_queues or {},
                                          recovery_sweep)
+
+    def _pages_on_any(self, scope_id: str, sweep: RecoveryFunction, metric_name: str, description: str,
+                      action: cw_actions.SnsAction) -> cloudwatch.Alarm:
+        """An alarm paging as soon as one of the sweep's ``metric_name`` is counted in 5 minutes; no
+        data is not breaching (the metric is emitted only when it happens)."""
+        alarm = cloudwatch.Alarm(
+            self, scope_id,
+            alarm_description=description,
+            metric=sweep_metric(sweep, metric_name, "Sum", 5),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(action)
+        return alarm
 
     def _dashboard(self, functions: Mapping[str, RecoveryFunction],
                    dead_letter_queues: Mapping[str, sqs.IQueue],
