@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from infra_synth import Synth
 
 from infra.monitoring import Invocation
@@ -194,42 +195,40 @@ def test_the_dashboard_shows_the_goodput_of_the_jobs_that_ended(default_synth: S
     assert "JobEttr" in body and "ETTR" in body
 
 
-def test_an_aborted_launchs_stops_given_up_page(default_synth: Synth) -> None:
+@pytest.mark.parametrize(
+    ("logical_id_prefix", "metric_name", "log_line", "section", "attribute"),
+    [
+        ("MonitoringAbortedLaunchStopsGivenUpAlarm", "AbortedLaunchStopsGivenUp",
+         "stops of an aborted launch given up", "'Aborted launches whose stops were given up'",
+         "aborted_launch_stops_alarm"),
+        ("MonitoringEndedJobStopsGivenUpAlarm", "EndedJobStopsGivenUp",
+         "stops of an ended job given up", "'Ended jobs whose stops were given up'",
+         "ended_job_stops_alarm"),
+    ],
+    ids=["aborted-launch", "ended-job"],
+)
+def test_stops_given_up_page(default_synth: Synth, logical_id_prefix: str, metric_name: str,
+                             log_line: str, section: str, attribute: str) -> None:
     """Given the recovery sweep's AbortedLaunchStopsGivenUp (a queue launch's stop given up after
-    1 + 6 asks: its job queued again while a rank of it may still run), Then one alarm fires as
-    soon as one is counted in 5 minutes, on the metric the sweep's handler emits, no data not
-    breaching (emitted only when it happens), telling the operator where the job is named and
-    what to do with its nodes."""
-    (alarm,) = [a for a in _alarms(default_synth) if a["MetricName"] == "AbortedLaunchStopsGivenUp"]
+    1 + 6 asks: its job queued again while a rank of it may still run) or EndedJobStopsGivenUp (an
+    ended job's: a rank of it may still run, holding its node's GPUs), Then one alarm fires as soon
+    as one is counted in 5 minutes, on the metric the sweep's handler emits, no data not breaching
+    (emitted only when it happens), telling the operator where the job is named and what to do
+    with its nodes."""
+    (alarm,) = [dict(resource["Properties"]) for logical_id, resource
+                in default_synth.resources("AWS::CloudWatch::Alarm").items()
+                if logical_id.startswith(logical_id_prefix)]
+    assert alarm["MetricName"] == metric_name
     service = default_synth.stack.functions["RecoverySweep"].service_name
     assert (alarm["Namespace"], alarm["Dimensions"]) == (
         "GpuTrainingRecovery", [{"Name": "service", "Value": service}])
     policy = (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"],
               alarm["ComparisonOperator"], alarm["TreatMissingData"])
     assert policy == ("Sum", 300, 1, 0, "GreaterThanThreshold", "notBreaching")
-    text = alarm["AlarmDescription"]
-    for needed in ("7 times", "stops of an aborted launch given up", "log group <log group>", "gpujobs show",
-                   "'Aborted launches whose stops were given up'"):
+    assert [a for a in _alarms(default_synth) if a["MetricName"] == metric_name] == [
+        {**alarm, "AlarmDescription": _text(alarm["AlarmDescription"])}], "one alarm on the metric"
+    text = _text(alarm["AlarmDescription"])
+    for needed in ("7 times", log_line, "log group <log group>", "gpujobs show", section):
         assert needed in text, needed
     monitoring = default_synth.stack.monitoring
-    assert monitoring.aborted_launch_stops_alarm in monitoring.alarms
-
-
-def test_an_ended_jobs_stops_given_up_page(default_synth: Synth) -> None:
-    """Given the recovery sweep's EndedJobStopsGivenUp (an ended job's stop given up after 1 + 6
-    asks: a rank of it may still run, holding its node's GPUs), Then one alarm fires as soon as
-    one is counted in 5 minutes, on the metric the sweep's handler emits, no data not breaching,
-    telling the operator where the job is named and what to do with its nodes."""
-    (alarm,) = [a for a in _alarms(default_synth) if a["MetricName"] == "EndedJobStopsGivenUp"]
-    service = default_synth.stack.functions["RecoverySweep"].service_name
-    assert (alarm["Namespace"], alarm["Dimensions"]) == (
-        "GpuTrainingRecovery", [{"Name": "service", "Value": service}])
-    policy = (alarm["Statistic"], alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"],
-              alarm["ComparisonOperator"], alarm["TreatMissingData"])
-    assert policy == ("Sum", 300, 1, 0, "GreaterThanThreshold", "notBreaching")
-    text = alarm["AlarmDescription"]
-    for needed in ("7 times", "stops of an ended job given up", "log group <log group>", "gpujobs show",
-                   "'Ended jobs whose stops were given up'"):
-        assert needed in text, needed
-    monitoring = default_synth.stack.monitoring
-    assert monitoring.ended_job_stops_alarm in monitoring.alarms
+    assert getattr(monitoring, attribute) in monitoring.alarms
