@@ -7,8 +7,12 @@ launched again by the start fan-out). No task is left running, none started twic
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
@@ -262,12 +266,7 @@ def test_the_drain_keeps_to_the_ticks_time_budget(monkeypatch: Any) -> None:
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        first, second = qc.submit(nnodes=1, gpus=8), qc.submit(nnodes=1, gpus=8)
-        for node, job in enumerate((first, second)):
-            _old_launch_in_flight(qc, job, started=1, registered=1, first_node=node)
-        entry = {"attempt": 1, "claimed_at": int(qc.sim.now()), "resumes": 0}
-        qc.table().update_item(Key={C.JOB_PK: LEASE_KEY}, UpdateExpression="SET inflight = :l",
-                               ExpressionAttributeValues={":l": {first: entry, second: entry}})
+        first, second = _two_old_launches_in_flight(qc)
         scheduler = qc.scheduler()
         recorded = Recorded()
         monkeypatch.setattr(qc.recovery.metrics_relay, "target", recorded)
@@ -321,16 +320,16 @@ def test_launches_not_drained_are_counted_every_tick(monkeypatch: Any) -> None:
         gen.close()
 
 
-def _two_old_launches_and_a_queued_job(qc: Any) -> tuple[str, str, str]:
-    """The older launcher's launches of two 1-node jobs in flight (each rank started and
-    registered, on node-0 and node-1) and a 1-node job queued behind them."""
+def _two_old_launches_in_flight(qc: Any) -> tuple[str, str]:
+    """The older launcher's launches of two 1-node jobs in flight, both in its ledger (each rank
+    started and registered, on node-0 and node-1)."""
     first, second = qc.submit(nnodes=1, gpus=8), qc.submit(nnodes=1, gpus=8)
     for node, job in enumerate((first, second)):
         _old_launch_in_flight(qc, job, started=1, registered=1, first_node=node)
     entry = {"attempt": 1, "claimed_at": int(qc.sim.now()), "resumes": 0}
     qc.table().update_item(Key={C.JOB_PK: LEASE_KEY}, UpdateExpression="SET inflight = :l",
                            ExpressionAttributeValues={":l": {first: entry, second: entry}})
-    return first, second, qc.submit(nnodes=1, gpus=8)
+    return first, second
 
 
 def _drain_taking(scheduler: Any, monkeypatch: Any, seconds: float) -> None:
@@ -347,67 +346,79 @@ def _drain_taking(scheduler: Any, monkeypatch: Any, seconds: float) -> None:
     monkeypatch.setattr(store, "job_item", slow)
 
 
-def test_the_drain_takes_an_entry_only_with_its_margin_left(monkeypatch: Any) -> None:
+@dataclass
+class TwoOldLaunches:
+    """The older launcher's launches of two 1-node jobs in flight (each rank started and
+    registered, on node-0 and node-1; ``earlier`` is drained first), a 1-node job ``queued``
+    behind them and a free node; ``scheduler`` the upgraded one."""
+
+    qc: Any
+    scheduler: Any
+    earlier: str
+    later: str
+    queued: str
+    monkeypatch: pytest.MonkeyPatch
+
+    def drain_taking(self, seconds: float) -> None:
+        _drain_taking(self.scheduler, self.monkeypatch, seconds)
+
+
+@pytest.fixture
+def two_old_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoOldLaunches]:
+    gen = make_queue_cluster(nodes=[8, 8, 8])
+    qc = next(gen)
+    try:
+        first, second = _two_old_launches_in_flight(qc)
+        queued = qc.submit(nnodes=1, gpus=8)
+        earlier, later = sorted([first, second])
+        yield TwoOldLaunches(qc, qc.scheduler(), earlier, later, queued, monkeypatch)
+    finally:
+        gen.close()
+
+
+def test_the_drain_takes_an_entry_only_with_its_margin_left(two_old_launches: TwoOldLaunches) -> None:
     """Given the older launcher's launches of two 1-node jobs in flight, the tick's budget 45 s,
     and the first entry's drain taking 25 s (20 s left, 5 s of them the drain's once admission's
     15 s are kept: less than an entry's own calls may take)
     When the upgraded scheduler ticks
     Then the second entry is deferred (not started with 5 s of the drain's share left, its calls
     running into admission's time); the next tick drains it."""
-    gen = make_queue_cluster(nodes=[8, 8, 8])
-    qc = next(gen)
-    try:
-        first, second, _ = _two_old_launches_and_a_queued_job(qc)
-        scheduler = qc.scheduler()
-        _drain_taking(scheduler, monkeypatch, 25)
-        earlier, later = sorted([first, second])
-        assert scheduler.tick(time_budget_seconds=45).drained == [
-            {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
-        assert set(_ledger(qc)) == {later}
-        monkeypatch.undo()
-        assert scheduler.tick(time_budget_seconds=45).drained == [{"job_id": later, "action": "completed"}]
-    finally:
-        gen.close()
+    setup = two_old_launches
+    setup.drain_taking(25)
+    earlier, later, scheduler = setup.earlier, setup.later, setup.scheduler
+    assert scheduler.tick(time_budget_seconds=45).drained == [
+        {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
+    assert set(_ledger(setup.qc)) == {later}
+    setup.monkeypatch.undo()
+    assert scheduler.tick(time_budget_seconds=45).drained == [{"job_id": later, "action": "completed"}]
 
 
-def test_the_drain_leaves_admission_its_share_of_the_budget(monkeypatch: Any) -> None:
+def test_the_drain_leaves_admission_its_share_of_the_budget(two_old_launches: TwoOldLaunches) -> None:
     """Given the older launcher's launches of two 1-node jobs in flight, a 1-node job queued behind
     them and a free node, the tick's budget 30 s, each entry's drain taking 10 s
     When the upgraded scheduler ticks, then ticks again
     Then the first tick drains the first entry, defers the second (admission's 15 s are not the
     drain's) and still admits the queued job: entries whose calls are slow tick after tick delay
     the drain, never the queue behind it; the next tick drains the second entry."""
-    gen = make_queue_cluster(nodes=[8, 8, 8])
-    qc = next(gen)
-    try:
-        first, second, queued = _two_old_launches_and_a_queued_job(qc)
-        scheduler = qc.scheduler()
-        _drain_taking(scheduler, monkeypatch, 10)
-        earlier, later = sorted([first, second])
-        result = scheduler.tick(time_budget_seconds=30)
-        assert result.drained == [{"job_id": earlier, "action": "completed"},
-                                  {"job_id": later, "action": "deferred"}]
-        assert result.admitted == [queued]
-        assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
-    finally:
-        gen.close()
+    setup = two_old_launches
+    setup.drain_taking(10)
+    earlier, later, scheduler = setup.earlier, setup.later, setup.scheduler
+    result = scheduler.tick(time_budget_seconds=30)
+    assert result.drained == [{"job_id": earlier, "action": "completed"},
+                              {"job_id": later, "action": "deferred"}]
+    assert result.admitted == [setup.queued]
+    assert scheduler.tick(time_budget_seconds=30).drained == [{"job_id": later, "action": "completed"}]
 
 
-def test_a_budget_below_the_margins_still_drains_an_entry_a_tick() -> None:
+def test_a_budget_below_the_margins_still_drains_an_entry_a_tick(two_old_launches: TwoOldLaunches) -> None:
     """Given the older launcher's launches of two 1-node jobs in flight and a tick's budget of 5 s
     (below admission's share and an entry's margin: the setting allows it)
     When the upgraded scheduler ticks twice
     Then each tick drains one entry (its first whatever is left): the ledger empties, it is never
     deferred tick after tick."""
-    gen = make_queue_cluster(nodes=[8, 8, 8])
-    qc = next(gen)
-    try:
-        first, second, _ = _two_old_launches_and_a_queued_job(qc)
-        scheduler = qc.scheduler()
-        earlier, later = sorted([first, second])
-        assert scheduler.tick(time_budget_seconds=5).drained == [
-            {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
-        assert scheduler.tick(time_budget_seconds=5).drained == [{"job_id": later, "action": "completed"}]
-        assert _ledger(qc) == {}
-    finally:
-        gen.close()
+    setup = two_old_launches
+    earlier, later, scheduler = setup.earlier, setup.later, setup.scheduler
+    assert scheduler.tick(time_budget_seconds=5).drained == [
+        {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
+    assert scheduler.tick(time_budget_seconds=5).drained == [{"job_id": later, "action": "completed"}]
+    assert _ledger(setup.qc) == {}
