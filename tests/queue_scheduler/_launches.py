@@ -39,6 +39,15 @@ def launch_that_fails_on_node_1(qc: Any) -> tuple[str, Any, list[str]]:
     return job, scheduler, thieves
 
 
+def requeued_launch_failed_on_node_1(qc: Any) -> tuple[str, list[str]]:
+    """:func:`launch_that_fails_on_node_1` launched by a tick, which requeues the job (rank 1 not
+    placed, rank 0 left to the aborted launch's stop). The job and the other tenant's task."""
+    job, scheduler, thieves = launch_that_fails_on_node_1(qc)
+    [launch] = scheduler.tick().launches
+    assert launch["action"] == "requeued"
+    return job, thieves
+
+
 class Recorded:
     """The recovery's metrics, as emitted."""
 

@@ -17,7 +17,12 @@ from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from tests.fixtures.queue_cluster import make_queue_cluster
 from tests.queue_scheduler._cluster_moves import throttled
-from tests.queue_scheduler._launches import Recorded, launch_that_fails_on_node_1, set_fields
+from tests.queue_scheduler._launches import (
+    Recorded,
+    launch_that_fails_on_node_1,
+    requeued_launch_failed_on_node_1,
+    set_fields,
+)
 
 
 def _start_task_throttled(qc: Any, monkeypatch: Any) -> None:
@@ -198,9 +203,7 @@ def test_an_aborted_launch_is_never_marked_complete_after(monkeypatch):
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job, scheduler, _ = launch_that_fails_on_node_1(qc)
-        [launch] = scheduler.tick().launches
-        assert launch["action"] == "requeued"
+        job, _ = requeued_launch_failed_on_node_1(qc)
         store = SchedulingRepository(qc.repo.jobs)
         assert not store.finish_launch(job, 1, [], clock.now())
         item = qc.item(job)

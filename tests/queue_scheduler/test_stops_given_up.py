@@ -19,7 +19,12 @@ from gpu_recovery.constants import METRICS_NAMESPACE, JobState
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
 from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 from tests.queue_scheduler._cluster_moves import throttled
-from tests.queue_scheduler._launches import Recorded, launch_that_fails_on_node_1, set_fields
+from tests.queue_scheduler._launches import (
+    Recorded,
+    launch_that_fails_on_node_1,
+    requeued_launch_failed_on_node_1,
+    set_fields,
+)
 
 
 @pytest.fixture
@@ -117,9 +122,7 @@ def test_an_ended_jobs_given_up_stop_with_no_rank_left_running_is_not_counted(mo
     gen = make_queue_cluster(nodes=[8, 8])
     qc = next(gen)
     try:
-        job, scheduler, thieves = launch_that_fails_on_node_1(qc)
-        [launch] = scheduler.tick().launches
-        assert launch["action"] == "requeued"
+        job, thieves = requeued_launch_failed_on_node_1(qc)
         qc.sim.run_for(120)  # the aborted launch's stop: rank 0 stopped, its end recorded
         for thief in thieves:
             aws.client("ecs").stop_task(cluster=qc.local.cluster_name, task=thief)
