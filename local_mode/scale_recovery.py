@@ -104,6 +104,9 @@ class RecordingMetrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.values[name] = self.values.get(name, 0) + value
 
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        self.add_metric(name, unit, value)
+
 
 @dataclass
 class Ports:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpu_recovery.adapters.ecs import EcsAdapter
     from gpu_recovery.domain.fault_catalog import FaultCatalog
     from gpu_recovery.domain.rate_limit import TokenBucket
+    from gpu_recovery.heartbeat.ports import MetricsPort as HeartbeatMetricsPort
     from gpu_recovery.heartbeat.service import HeartbeatService
     from gpu_recovery.heartbeat.tokens import TokenStore
     from gpu_recovery.queue.control import JobControlService
@@ -196,7 +197,7 @@ def queue_scheduler(metrics: MetricsPort | None = None) -> QueueScheduler:
     )
 
 
-def heartbeat_service(metrics: MetricsPort | None = None) -> HeartbeatService:
+def heartbeat_service(metrics: HeartbeatMetricsPort | None = None) -> HeartbeatService:
     """The node heartbeat service, once per boto3 session (local mode and tests swap
     sessions with ``aws.reset()``; a new session builds a new service)."""
     from gpu_recovery.adapters.notifier import SnsNotifier

@@ -482,6 +482,9 @@ class _Recorded:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         return None
 
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        return None
+
     def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
         self.by.append((name, dimensions))
 

@@ -49,10 +49,16 @@ def requeued_launch_failed_on_node_1(qc: Any) -> tuple[str, list[str]]:
 
 
 class Recorded:
-    """The recovery's metrics, as emitted."""
+    """The recovery's metrics, as emitted: ``names`` every count, ``flushed_now`` those flushed at
+    once (``add_metric_now``)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.flushed_now: list[str] = []
 
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.names.extend([name] * int(value))
+
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        self.add_metric(name, unit, value)
+        self.flushed_now.extend([name] * int(value))

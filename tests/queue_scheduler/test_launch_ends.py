@@ -88,7 +88,7 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
     try:
         recorded = Recorded()  # on the relay: the task events' handlers point it at their own metrics
         monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric", recorded.add_metric)
-        monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric_now", recorded.add_metric)  # the give-up's
+        monkeypatch.setattr(qc.recovery.gang.metrics, "add_metric_now", recorded.add_metric_now)
         job, scheduler, thieves = launch_that_fails_on_node_1(qc)
         ecs = qc.recovery.gang.ecs
         asked: list[str] = []
@@ -114,6 +114,7 @@ def test_an_aborted_launch_whose_stops_are_never_confirmed_ends_its_stop_and_is_
         assert "stop_fanout" not in qc.item(job), qc.item(job)["stop_fanout"]
         assert asked.count(rank0.arn) == 1 + MAX_STOP_ROUNDS
         assert recorded.names.count("AbortedLaunchStopsGivenUp") == 1
+        assert recorded.flushed_now == ["AbortedLaunchStopsGivenUp"]
         result = scheduler.tick()
         assert result.admitted == [job] or job in result.blocked
     finally:

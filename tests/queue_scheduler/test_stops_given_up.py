@@ -108,6 +108,7 @@ def test_an_ended_jobs_given_up_stop_is_counted(qc, monkeypatch, caplog, ended):
         assert qc.recovery.gang.stop_due(qc.repo.jobs.get_job(job), clock.now()) == "stop_given_up"
     assert "stop_fanout" not in qc.item(job)
     assert recorded.names == ["EndedJobStopsGivenUp"]
+    assert recorded.flushed_now == ["EndedJobStopsGivenUp"]  # not lost with a sweep timing out after
     [record] = [r for r in caplog.records if "ended job given up" in r.getMessage()]
     assert (record.job_id, record.job_state) == (job, ended.value)  # type: ignore[attr-defined]
     assert rank0 in qc.live_tasks(job)  # what the count is for: it may run on

@@ -214,6 +214,9 @@ class _Metrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.plain.append((name, unit, value))
 
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        self.plain.append((name, unit, value))
+
     def add_dimensioned_metric(self, name: str, unit: str, value: float, dimensions: dict[str, str]) -> None:
         self.by.append((name, unit, value, dimensions))
 

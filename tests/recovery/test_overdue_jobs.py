@@ -23,6 +23,9 @@ class Metrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.values.append((name, unit, value))
 
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        self.values.append((name, unit, value))
+
     def of(self, name: str) -> list[tuple[str, float]]:
         return [(unit, value) for n, unit, value in self.values if n == name]
 

@@ -135,6 +135,9 @@ class _Metrics:
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.values.append((name, unit, value))
 
+    def add_metric_now(self, name: str, unit: str, value: float) -> None:
+        self.values.append((name, unit, value))
+
     def last(self, name: str) -> tuple[str, float] | None:
         return next(((u, v) for n, u, v in reversed(self.values) if n == name), None)
 

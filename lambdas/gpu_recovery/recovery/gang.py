@@ -75,7 +75,7 @@ from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.recovery.fanout_send import send_once
-from gpu_recovery.recovery.ports import EcsPort, MetricsPort, add_metric_now
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
 from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
 from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
@@ -276,11 +276,11 @@ class GangOps:
         and logged. Flushed at once: the intent is gone, so a sweep timing out after this would
         leave nothing for the next one to count."""
         if aborted_launch:  # its job may be admitted again meanwhile
-            add_metric_now(self.metrics, METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
+            self.metrics.add_metric_now(METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
             logger.error("stops of an aborted launch given up: a rank may still run; look at its node",
                          extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds})
         else:  # an ended job's rank may run on, holding its node's GPUs
-            add_metric_now(self.metrics, METRIC_ENDED_JOB_STOPS_GIVEN_UP, "Count", 1)
+            self.metrics.add_metric_now(METRIC_ENDED_JOB_STOPS_GIVEN_UP, "Count", 1)
             logger.error("stops of an ended job given up: a rank may still run; look at its node",
                          extra={"job_id": job.job_id, "attempt": attempt, "rounds": rounds,
                                 "job_state": job.state.value})
