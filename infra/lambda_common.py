@@ -26,12 +26,12 @@ from constructs import Construct
 from gpu_recovery.constants import (
     ENV_POWERTOOLS_METRICS_NAMESPACE,
     ENV_POWERTOOLS_SERVICE_NAME,
-    METRICS_NAMESPACE,
     SCHEDULED_MAX_EVENT_AGE_SECONDS,
 )
 from gpu_recovery.constants import (
     SCHEDULED_ASYNC_RETRIES as SCHEDULED_ASYNC_RETRIES,  # re-exported: the scheduled functions' infra
 )
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 from infra import LAMBDAS_DIR, REPO_ROOT
 from infra.config import RecoveryConfig
 from infra.nag import acknowledge

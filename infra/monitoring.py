@@ -50,11 +50,11 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from gpu_recovery.constants import (
+from gpu_recovery.constants import GANG_QUEUE_MAX_RECEIVES, MAX_STOP_ROUNDS
+from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS
+from gpu_recovery.metric_names import (
     DIMENSION_CAUSE,
     DIMENSION_EVIDENCE_SOURCE,
-    GANG_QUEUE_MAX_RECEIVES,
-    MAX_STOP_ROUNDS,
     METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
     METRIC_ENDED_JOB_STOPS_GIVEN_UP,
     METRIC_GPU_HOURS_LOST,
@@ -64,7 +64,6 @@ from gpu_recovery.constants import (
     METRIC_SUSPECTS_CLEARED,
     METRICS_NAMESPACE,
 )
-from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS
 from infra.lambda_common import SCHEDULED_ASYNC_RETRIES, RecoveryFunction
 
 # CoupledNodesChecked: nodes whose exits followed a fault's first ones, checked because the

@@ -73,6 +73,7 @@ from moto.moto_api._internal import mock_random
 from gpu_recovery import clock as gr_clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 
 from .api_hooks import ApiHooks, hook_answer
 from .events import ACCOUNT_ID, REGION
@@ -193,7 +194,7 @@ class LocalAws:
             C.ENV_HANG_SECONDS: str(hang_seconds),
             C.ENV_HANG_ACTION: hang_action,
             C.ENV_POWERTOOLS_SERVICE_NAME: service_name,
-            C.ENV_POWERTOOLS_METRICS_NAMESPACE: C.METRICS_NAMESPACE,
+            C.ENV_POWERTOOLS_METRICS_NAMESPACE: METRICS_NAMESPACE,
             "POWERTOOLS_TRACE_DISABLED": "true",
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",

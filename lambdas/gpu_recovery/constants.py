@@ -1,7 +1,8 @@
 """Single source of truth shared by ``infra/``, ``lambdas/`` and ``local_mode/``.
 
 Table keys and indexes, environment variable names, state names and task tags are defined
-here once (the EventBridge patterns built from them: ``gpu_recovery.event_patterns``).
+here once (the EventBridge patterns built from them: ``gpu_recovery.event_patterns``; the
+CloudWatch metric names: ``gpu_recovery.metric_names``).
 Nothing in this module imports boto3 or the CDK, so every layer can import it.
 """
 
@@ -160,16 +161,6 @@ ENV_PREFLIGHT_SETTINGS = "PREFLIGHT_SETTINGS"  # JSON object: domain.preflight.s
 # Powertools' own variables, set by infra and by local mode alike.
 ENV_POWERTOOLS_SERVICE_NAME = "POWERTOOLS_SERVICE_NAME"
 ENV_POWERTOOLS_METRICS_NAMESPACE = "POWERTOOLS_METRICS_NAMESPACE"
-METRICS_NAMESPACE = "GpuTrainingRecovery"
-# Suspects the stack's own DCGM check cleared, per evidence source (issue 49: the dashboard).
-METRIC_SUSPECTS_CLEARED, DIMENSION_EVIDENCE_SOURCE = "SuspectsCleared", "EvidenceSource"
-# A finished job's goodput ledger (docs/goodput.md): GPU-hours lost per cause, and its ETTR.
-METRIC_GPU_HOURS_LOST, DIMENSION_CAUSE, METRIC_JOB_ETTR = "GpuHoursLost", "Cause", "JobEttr"
-# The recovery sweep's: jobs past their due time (domain.overdue), how late the oldest due job is (each
-# run), aborted launches' and ended jobs' stops given up (recovery.gang); alarms on all but the 2nd.
-METRIC_OVERDUE_JOBS, METRIC_OLDEST_DUE_JOB_SECONDS = "OverdueJobs", "OldestDueJobSeconds"
-METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, METRIC_ENDED_JOB_STOPS_GIVEN_UP = ("AbortedLaunchStopsGivenUp",
-                                                                        "EndedJobStopsGivenUp")
 
 # --------------------------------------------------------------------------------------
 # DynamoDB: job table (original name "ecs-job-sub")

@@ -11,7 +11,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
-from gpu_recovery.constants import METRICS_NAMESPACE
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 
 UNAUTHORIZED = "Unauthorized"  # the exact message API Gateway maps to 401
 

@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from pydantic import BaseModel, ValidationError
 
 from gpu_recovery import runtime
-from gpu_recovery.constants import METRICS_NAMESPACE
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

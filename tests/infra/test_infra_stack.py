@@ -10,6 +10,7 @@ from infra_synth import CLUSTER, CLUSTER_ARN, CUSTOM_TASK_ARN, Synth
 
 from gpu_recovery import constants as c
 from gpu_recovery import event_patterns as patterns
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 from infra import REPO_ROOT as REPO
 from infra.health_check import read_health_check_script
 
@@ -329,7 +330,7 @@ def test_lambda_runtime_layer_tracing_and_environment(default_synth: Synth) -> N
         assert env[c.ENV_DCGM_LEVEL] == "2"
         assert env[c.ENV_HEALTH_CHECK_GPUS] == "8"
         assert env[c.ENV_HEALTH_CHECK_ALL_NODES] == "false"  # only the nodes whose rank failed on its own
-        assert env[c.ENV_POWERTOOLS_METRICS_NAMESPACE] == c.METRICS_NAMESPACE
+        assert env[c.ENV_POWERTOOLS_METRICS_NAMESPACE] == METRICS_NAMESPACE
         assert env["POWERTOOLS_LOG_LEVEL"] == "INFO"
         assert env[c.ENV_JOB_TABLE]["Ref"].startswith("TablesJobTable")
         assert env[c.ENV_INSTANCE_TABLE]["Ref"].startswith("TablesInstanceTable")
@@ -581,7 +582,7 @@ def test_outputs_and_dashboard(default_synth: Synth) -> None:
     for metric in ("FaultsDetected", "HealthChecksStarted", "Reboots", "Recoveries",
                    "Failures", "TimeToRestartSeconds", "Quarantines", "BreakerOpen",
                    "BreakerTripped", "SuspendsRequested", "SuspendsForced", "JobsSuspended",
-                   c.METRICS_NAMESPACE,
+                   METRICS_NAMESPACE,
                    "ApproximateNumberOfMessagesVisible", "Errors", "Duration",
                    "AWS/ApiGateway", "5XXError", "4XXError", "Latency"):
         assert metric in body

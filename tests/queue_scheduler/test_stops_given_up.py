@@ -15,7 +15,8 @@ from aws_lambda_powertools.metrics import Metrics
 
 from gpu_recovery import clock, runtime
 from gpu_recovery.adapters import aws
-from gpu_recovery.constants import METRICS_NAMESPACE, JobState
+from gpu_recovery.constants import JobState
+from gpu_recovery.metric_names import METRICS_NAMESPACE
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS
 from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 from tests.queue_scheduler._cluster_moves import throttled

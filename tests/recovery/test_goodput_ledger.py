@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
+from gpu_recovery import metric_names as M
 from gpu_recovery.constants import InstanceState, JobState, RankState
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.queue.jobs_api.reads import goodput_view
@@ -247,7 +248,7 @@ def test_a_finished_job_emits_its_gpu_hours_lost_per_cause_and_its_ettr_once() -
         for stop in [*stops, stops[-1]]:
             w.service.on_task_state_change(stop)
         assert w.repo.jobs.get_job("j").state is JobState.COMPLETE
-    lost = [m for m in metrics.by if m[0] == C.METRIC_GPU_HOURS_LOST]
-    assert lost == [(C.METRIC_GPU_HOURS_LOST, "None", pytest.approx(107 * 2 / 3600), {C.DIMENSION_CAUSE:
+    lost = [m for m in metrics.by if m[0] == M.METRIC_GPU_HOURS_LOST]
+    assert lost == [(M.METRIC_GPU_HOURS_LOST, "None", pytest.approx(107 * 2 / 3600), {M.DIMENSION_CAUSE:
                                                                                      "application_error"})]
-    assert [m for m in metrics.plain if m[0] == C.METRIC_JOB_ETTR] == [(C.METRIC_JOB_ETTR, "Percent", 100.0)]
+    assert [m for m in metrics.plain if m[0] == M.METRIC_JOB_ETTR] == [(M.METRIC_JOB_ETTR, "Percent", 100.0)]

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpu_recovery.constants import METRIC_OLDEST_DUE_JOB_SECONDS, METRIC_OVERDUE_JOBS, JobState
+from gpu_recovery.constants import JobState
 from gpu_recovery.domain.overdue import OVERDUE_AFTER_SECONDS, OverdueTally, is_overdue
+from gpu_recovery.metric_names import METRIC_OLDEST_DUE_JOB_SECONDS, METRIC_OVERDUE_JOBS
 from tests.recovery.fakes import World, world
 
 

@@ -51,8 +51,6 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     LAUNCH_LEASE_SECONDS,
     MAX_STOP_ROUNDS,
-    METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP,
-    METRIC_ENDED_JOB_STOPS_GIVEN_UP,
     SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_RANK,
@@ -74,6 +72,7 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
+from gpu_recovery.metric_names import METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, METRIC_ENDED_JOB_STOPS_GIVEN_UP
 from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates

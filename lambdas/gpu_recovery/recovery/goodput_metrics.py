@@ -11,8 +11,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import DIMENSION_CAUSE, METRIC_GPU_HOURS_LOST, METRIC_JOB_ETTR
 from gpu_recovery.domain.goodput_report import job_end_figures
+from gpu_recovery.metric_names import DIMENSION_CAUSE, METRIC_GPU_HOURS_LOST, METRIC_JOB_ETTR
 from gpu_recovery.recovery.ports import MetricsPort, after_commit
 
 

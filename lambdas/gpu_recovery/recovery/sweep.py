@@ -20,12 +20,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import (
-    DEADLINE_SK,
-    METRIC_OLDEST_DUE_JOB_SECONDS,
-    METRIC_OVERDUE_JOBS,
-    RETRY_INTERVAL_SECONDS,
-)
+from gpu_recovery.constants import DEADLINE_SK, RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job, Rank
@@ -37,6 +32,7 @@ from gpu_recovery.domain.states import (
     InstanceState,
     JobState,
 )
+from gpu_recovery.metric_names import METRIC_OLDEST_DUE_JOB_SECONDS, METRIC_OVERDUE_JOBS
 from gpu_recovery.recovery.aws_notices import AwsNotices
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.breaker.operations import BreakerOperations

@@ -22,12 +22,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import DIMENSION_EVIDENCE_SOURCE, METRIC_SUSPECTS_CLEARED, NotificationKind
+from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.evidence import Evidence
 from gpu_recovery.domain.evidence_sources import EvidenceSources
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.states import InstanceState, SuspectVerdict
 from gpu_recovery.domain.tenant_evidence import MAX_ENTRIES, TenantEvidenceLimit, source_of, within
+from gpu_recovery.metric_names import DIMENSION_EVIDENCE_SOURCE, METRIC_SUSPECTS_CLEARED
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
 from gpu_recovery.repository.base import Update
