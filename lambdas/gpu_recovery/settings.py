@@ -342,6 +342,13 @@ def parse_node_quotas(raw: str) -> dict[int, int]:
     return quotas
 
 
+# The least SCHEDULER_TIME_BUDGET_SECONDS accepted: an older release's ledger drain leaves
+# admission 15 s (queue.scheduler.ADMISSION_MARGIN_SECONDS) and takes a further entry only while
+# 10 s are left (queue.ledger_drain.ENTRY_MARGIN_SECONDS); 30 s cover both with the first entry's
+# calls besides. Not derived from them: queue.scheduler imports this module.
+MIN_SCHEDULER_TIME_BUDGET_SECONDS = 30
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The queue scheduler's tick (infra sets the lease and budgets from the same names)."""
@@ -362,7 +369,8 @@ class SchedulerConfig:
             lease_seconds=_int(env, c.ENV_SCHEDULER_LEASE_SECONDS, 120, minimum=1),
             max_admissions=_int(env, c.ENV_SCHEDULER_MAX_ADMISSIONS, 20, minimum=1),
             max_unplaced=_int(env, c.ENV_SCHEDULER_MAX_UNPLACED, 32, minimum=1),
-            time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60, minimum=1)),
+            time_budget_seconds=float(_int(env, c.ENV_SCHEDULER_TIME_BUDGET_SECONDS, 60,
+                                           minimum=MIN_SCHEDULER_TIME_BUDGET_SECONDS)),
             sharing=TimeSharingSettings.from_env(env),
             spares=spare_pool(env),
             lend_spares=_bool(env, c.ENV_LEND_SPARES, False),

@@ -50,12 +50,18 @@ def resources(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def test_function_has_reserved_concurrency_one_and_a_timeout_below_the_lease(template):
     """Given the synthesized construct
     When the scheduler function is inspected
-    Then it runs one tick at a time, with a timeout shorter than the 120 s lease."""
+    Then it runs one tick at a time, with a timeout shorter than the 120 s lease, and a tick's
+    time budget the function's settings accept (at least admission's and an entry's margins)."""
+    from gpu_recovery.settings import SchedulerConfig
+
     [fn] = [f for f in resources(template, "AWS::Lambda::Function")
             if f["Properties"]["Handler"] == "handlers.queue_scheduler.lambda_handler"]
     assert fn["Properties"]["ReservedConcurrentExecutions"] == 1
     assert fn["Properties"]["Timeout"] < 120
-    assert fn["Properties"]["Environment"]["Variables"]["SCHEDULER_LEASE_SECONDS"] == "120"
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert env["SCHEDULER_LEASE_SECONDS"] == "120"
+    budget = {"SCHEDULER_TIME_BUDGET_SECONDS": env["SCHEDULER_TIME_BUDGET_SECONDS"]}
+    assert SchedulerConfig.from_env(budget).time_budget_seconds == 60.0
 
 
 def test_ticks_every_minute_with_a_dead_letter_queue(template):

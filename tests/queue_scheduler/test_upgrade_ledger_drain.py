@@ -19,12 +19,14 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState, RankState, job_group
 from gpu_recovery.domain.rank_template import LAUNCH
 from gpu_recovery.queue import scheduler as scheduler_module
-from gpu_recovery.queue.ledger_drain import old_started_by
+from gpu_recovery.queue.ledger_drain import ENTRY_MARGIN_SECONDS, old_started_by
+from gpu_recovery.queue.scheduler import ADMISSION_MARGIN_SECONDS
 from gpu_recovery.recovery.launch_templates import LaunchSpec, build_overrides, rank_tags
 from gpu_recovery.recovery.ranks import RankRegistration
 from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.scheduling import LEASE_KEY, SchedulingRepository
+from gpu_recovery.settings import MIN_SCHEDULER_TIME_BUDGET_SECONDS, SchedulerConfig, SettingsError
 from tests.fixtures.queue_cluster import make_queue_cluster
 from tests.queue_scheduler._launches import Recorded
 
@@ -412,7 +414,8 @@ def test_the_drain_leaves_admission_its_share_of_the_budget(two_old_launches: Tw
 
 def test_a_budget_below_the_margins_still_drains_an_entry_a_tick(two_old_launches: TwoOldLaunches) -> None:
     """Given the older launcher's launches of two 1-node jobs in flight and a tick's budget of 5 s
-    (below admission's share and an entry's margin: the setting allows it)
+    (below admission's share and an entry's margin: the setting refuses it, but the invocation's
+    time left, which the handler passes, can be that short)
     When the upgraded scheduler ticks twice
     Then each tick drains one entry (its first whatever is left): the ledger empties, it is never
     deferred tick after tick."""
@@ -422,3 +425,14 @@ def test_a_budget_below_the_margins_still_drains_an_entry_a_tick(two_old_launche
         {"job_id": earlier, "action": "completed"}, {"job_id": later, "action": "deferred"}]
     assert scheduler.tick(time_budget_seconds=5).drained == [{"job_id": later, "action": "completed"}]
     assert _ledger(setup.qc) == {}
+
+
+def test_a_time_budget_setting_below_both_margins_fails_the_cold_start_naming_it() -> None:
+    """Given SCHEDULER_TIME_BUDGET_SECONDS just below 30 s (admission's 15 s and an entry's 10 s
+    with the first entry's calls besides)
+    When the scheduler's settings are read
+    Then the cold start fails naming the variable and its minimum; 30 s is accepted."""
+    assert MIN_SCHEDULER_TIME_BUDGET_SECONDS >= ADMISSION_MARGIN_SECONDS + ENTRY_MARGIN_SECONDS
+    with pytest.raises(SettingsError, match=r"SCHEDULER_TIME_BUDGET_SECONDS must be >= 30, got 29"):
+        SchedulerConfig.from_env({C.ENV_SCHEDULER_TIME_BUDGET_SECONDS: "29"})
+    assert SchedulerConfig.from_env({C.ENV_SCHEDULER_TIME_BUDGET_SECONDS: "30"}).time_budget_seconds == 30.0
