@@ -124,7 +124,9 @@ def _drive(run: Callable[[tuple[int, str] | None], Any], modes: dict[int, tuple[
     if forks.child_pipe is None:  # the unbroken run ended (or failed) before its last position
         done(forks, outcome.args[0] if isinstance(outcome, BrokenRunFailed) else "ended early")
     try:  # a child: its result to the driver, and the end (no atexit, no pytest teardown)
-        if hasattr(outcome, "fault"):
+        # the unbroken run's result names no fault: the child's is the call it broke (a run
+        # that broke a first call keeps it, as its run from the start does: then_fired is the second)
+        if getattr(outcome, "fault", ()) is None:
             outcome.fault = forks.child_fault
         forks.send(outcome)
     finally:
@@ -210,6 +212,9 @@ def broken_runs(run: Callable[[tuple[int, str] | None], Any], faults: Iterable[t
     its end and sends its result back over a pipe (or :class:`BrokenRunFailed` with the
     traceback; if it died, the driver makes one); the driver waits, then goes on. After the
     last position the driver hands every result over and ends. Each run pays for its suffix.
+    A driver whose ``run(None)`` itself breaks a first call (``runner.broken_after``: ``arm(n,
+    mode)`` with no ``then``) forks the same way; its children break theirs as ``then`` would
+    have, and keep the first fault as their ``fault``.
 
     Every fork is made by a process of one thread (a child has the forking thread only): the
     driver checks at each position, and is itself forked by this process's fork server, a

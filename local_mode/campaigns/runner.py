@@ -25,6 +25,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from gpu_recovery import constants as C
@@ -34,7 +35,7 @@ from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
 from ..invariants import forgotten_jobs, forgotten_validations, started_twice
-from ..sim.broken_calls import FAULT_MODES, ApiCall, modes_of
+from ..sim.broken_calls import FAULT_MODES, ApiCall, CallFaults, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
 from ..world import HEARTBEAT_SWEEP_SCHEDULE, QUEUE_SCHEDULER_SCHEDULE, World, build_world
@@ -183,22 +184,67 @@ def then_breaking(then: tuple[int, str] | None) -> Iterator[None]:
         _then[:] = before
 
 
+def after_first(run: Callable[[tuple[int, str] | None], Any], first: tuple[int, str],
+                then: tuple[int, str] | None) -> Any:
+    """``run(first)`` with ``then`` broken too (:func:`then_breaking`; None: only ``first``,
+    every call's site recorded): a run from the start, or (then None) the driver that
+    :func:`second_faults` forks."""
+    with then_breaking(then):
+        return run(first)
+
+
+def second_faults(run: Callable[[tuple[int, str] | None], Any], first: tuple[int, str],
+                  thens: Iterable[tuple[int, str]], *,
+                  warm_up: Callable[[], Any] | None = None) -> dict[tuple[int, str], Any]:
+    """``{then: after_first(run, first, then)}`` for every ``then`` (a later call, a mode) of
+    ``thens``, each forked (``forked_runs.broken_runs``) from the run that breaks only ``first``
+    at the call it breaks: up to that call the two runs are the same run (the first fault
+    fired, the same calls counted, their sites recorded). The child breaks it as ``then`` from
+    the start would have (``CallFaults.before_call``), so each run pays for its suffix; a
+    position not forked is run from the start (``broken_runs``). ``run`` is picklable."""
+    from .forked_runs import broken_runs
+
+    chosen = sorted(set(thens))
+    if any(n <= first[0] for n, _ in chosen):
+        raise ValueError("the second broken call comes after the first")
+    return broken_runs(partial(after_first, run, first), chosen, warm_up=warm_up)
+
+
 def broken_after(run: Callable[[tuple[int, str] | None], Any], first: tuple[int, str],
-                 calls: Iterable[ApiCall]) -> list[str]:
+                 calls: Iterable[ApiCall], *, warm_up: Callable[[], Any] | None = None) -> list[str]:
     """Each of ``calls`` (of the run that ``first`` broke) broken in turn in every mode its
-    operation takes, after ``first`` (:func:`then_breaking`): what ended wrong, a line per call
-    and mode (none: every run ended right)."""
+    operation takes, after ``first`` (:func:`then_breaking`; each run forked at that call from
+    the run that breaks only ``first``: :func:`second_faults`): what ended wrong, a line per
+    call and mode (none: every run ended right). A run that raised or died ended wrong."""
+    from .forked_runs import BrokenRunFailed
+
+    calls = list(calls)
+    runs = second_faults(run, first, ((call.index, then) for call in calls
+                                      for then in modes_of(call.service, call.operation)), warm_up=warm_up)
     failures = []
     for call in calls:
         for then in modes_of(call.service, call.operation):
-            with then_breaking((call.index, then)):
-                result = run(first)
+            result = runs[(call.index, then)]
             broke = f"{call.service}.{call.operation} ({call.index}, {call.site}) {then}"
-            if result.fired is None or result.then_fired is None:
+            if isinstance(result, BrokenRunFailed):
+                failures.append(f"{broke}: the run raised or died: {str(result)[-2000:]}")
+            elif result.fired is None or result.then_fired is None:
                 failures.append(f"{broke}: a fault never fired")
+            elif (result.fault, result.fired.index, result.then_fired.index) != (first, first[0], call.index):
+                failures.append(f"{broke}: broke {result.fault}, calls {result.fired.index} and "
+                                f"{result.then_fired.index}")
             elif result.problems():
                 failures.append(f"{broke}: {result.problems()}")
     return failures
+
+
+def arm_fault(calls: CallFaults, fault: tuple[int, str] | None) -> None:
+    """Count a flow's calls: unbroken (None), every call with its site; or ``fault`` broken
+    and, within :func:`then_breaking`, its second call too, every call with its site."""
+    if fault is None:
+        calls.arm(None, record_sites=True)
+    else:
+        calls.arm(fault[0], fault[1], record_sites=bool(_then), then=_then[0] if _then else None)
 
 
 def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, keep_timeline: bool = False,
@@ -218,10 +264,8 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         failing = _failing[0] if fault is None else None
         if failing is not None:
             calls.arm_random(failing[0], failing[1], record_sites=True)
-        elif fault is None:
-            calls.arm(None, record_sites=True)
         else:
-            calls.arm(fault[0], fault[1], record_sites=bool(_then), then=_then[0] if _then else None)
+            arm_fault(calls, fault)
         sim.repairs.mark()  # what the set-up did is not the flow's
         placed_before = len(sim.placements)
         scenario.start(world)

@@ -58,7 +58,10 @@ _fork_point: ForkPoint | None = None
 
 
 def set_fork_point(point: ForkPoint | None) -> None:
-    """Runs armed to only count calls (``arm(None)``) fork at ``point`` from now on."""
+    """Runs armed without a second fault (``arm(None)``, ``arm(n, mode)``: no ``then``) fork at
+    ``point`` from now on: a child of an unbroken run breaks the call it forks at as ``arm``
+    would have (its ``target``); a child of a run that breaks a first call breaks it as ``then``
+    would have (the second fault: ``runner.broken_after``)."""
     global _fork_point
     _fork_point = point
 
@@ -143,7 +146,7 @@ class CallFaults:
             self.then, self.then_fired = then, None
             self.record_sites = record_sites
             self.armed = True
-            self.forks = _fork_point if index is None else None
+            self.forks = _fork_point if then is None else None
 
     def arm_random(self, rate: float, seed: int, *, record_sites: bool = False) -> None:
         """Break every call with chance ``rate`` (seeded: the same run breaks the same calls),
@@ -192,9 +195,12 @@ class CallFaults:
         if forks is not None:  # outside the lock: a child must not inherit it held
             broken = forks.fork_at(call.index)
             if broken is not None:  # this process is the child that breaks this call
-                with self._lock:  # from here on exactly as arm(call.index, broken) would be
+                with self._lock:
                     self.forks = None
-                    self.target, self.mode, self.record_sites = call.index, broken, False
+                    if self.target is None:  # from here on exactly as arm(call.index, broken) would be
+                        self.target, self.mode, self.record_sites = call.index, broken, False
+                    else:  # a first fault armed (fired before): as arm(target, mode, then=...) would be
+                        self.then = (call.index, broken)
         with self._lock:
             if self._rng is not None and self.rate is not None:
                 hit = self._rng.random() < self.rate

@@ -8,7 +8,8 @@ launch lease released, the requeue with its stop intent, the look for a rank sta
 registered, the rank's stop asked, its StopTask, the stop intent's end) ran only after another
 call was broken, and were never broken themselves. Here
 the first fault aborts the launch and each of those calls is then broken in every mode its
-operation takes (``runner.then_breaking``): each run owes what every time-sharing run owes,
+operation takes (``runner.then_breaking``; each run forked at that call from the run that
+breaks only the first: ``runner.broken_after``): each run owes what every time-sharing run owes,
 among it that every task of an earlier attempt was stopped by the stack
 (``time_sharing.RunResult.left_running``).
 """
@@ -28,6 +29,7 @@ from gpu_recovery.domain.launch_plan import StartCall
 from gpu_recovery.recovery.gang import group_started_by
 from gpu_recovery.recovery.queue_launches import QueueLaunches
 from local_mode.campaigns import time_sharing
+from local_mode.campaigns.recovery import run_recovery
 from local_mode.campaigns.runner import broken_after, then_breaking
 from local_mode.sim.broken_calls import ApiCall
 from local_mode.sim.bus import EventBus
@@ -145,7 +147,7 @@ def _abort_window() -> tuple[tuple[int, str], list[ApiCall]]:
 def test_an_aborted_launch_with_its_own_calls_broken_leaves_no_rank_running() -> None:
     first, window = _abort_window()
     assert any(c.operation == "StopTask" for c in window), f"the abort stopped nothing: {window}"
-    assert broken_after(time_sharing.run, first, window) == []
+    assert broken_after(time_sharing.run, first, window, warm_up=run_recovery) == []
 
 
 @pytest.mark.slow
@@ -159,4 +161,4 @@ def test_a_rank_a_dead_start_left_unregistered_after_the_abort_is_stopped_even_w
     assert result.problems() == []
     ended = [c for c in _raced_calls(first) if c.index > first[0] and c.site.startswith(END_SITES)]
     assert any(c.operation == "ListTasks" for c in ended), f"no task looked up: {ended}"
-    assert broken_after(_raced_run, first, ended) == []
+    assert broken_after(_raced_run, first, ended, warm_up=run_recovery) == []

@@ -1,6 +1,7 @@
 """``local_mode.campaigns.forked_runs.broken_runs``: the fault runs of a campaign forked from its unbroken run
 at the call they break end exactly as the same runs made from the start, and a run that
-raises or dies is a failure, never a result.
+raises or dies is a failure, never a result. The second faults of ``runner.broken_after``,
+forked from the run that breaks only the first, end as their runs from the start too.
 
 The flow here is a stand-in (no emulator: a dozen calls through ``CallFaults``' own hooks,
 a throttled call made again, a lost response remembered), so every position can be
@@ -20,6 +21,7 @@ import pytest
 from botocore.exceptions import ReadTimeoutError
 
 from local_mode.campaigns.forked_runs import BrokenRunFailed, broken_runs
+from local_mode.campaigns.runner import after_first, arm_fault, broken_after, second_faults
 from local_mode.sim.broken_calls import FAULT_MODES, LOST_RESPONSE, THROTTLE, ApiCall, CallFaults
 
 CALLS = 12
@@ -33,6 +35,11 @@ class Outcome:
     log: list[str]
     total: int
     pid: int
+    then_fired: ApiCall | None = None
+    sites: tuple[str, ...] = ()  # each call's site ("?" here: recorded; "": not)
+
+    def problems(self) -> list[str]:  # what runner.broken_after reads
+        return []
 
 
 def _model(name: str) -> Any:
@@ -45,7 +52,7 @@ def flow(fault: tuple[int, str] | None, *, raise_at: int = 0, die_at: int = 0, t
     effect kept, as AWS kept it). ``raise_at``/``die_at``: the broken run raises or its
     process dies after that call; ``thread_at``: a thread runs from that call to the end."""
     faults = CallFaults()
-    faults.arm(None, record_sites=True) if fault is None else faults.arm(*fault)
+    arm_fault(faults, fault)  # as run_flow arms (within runner.then_breaking: a second fault too)
     log: list[str] = []
     total = 0
     helper: threading.Thread | None = None
@@ -73,7 +80,8 @@ def flow(fault: tuple[int, str] | None, *, raise_at: int = 0, die_at: int = 0, t
     stop.set()
     if helper is not None:
         helper.join()
-    return Outcome(fault, faults.fired, [c.operation for c in faults.calls], log, total, os.getpid())
+    return Outcome(fault, faults.fired, [c.operation for c in faults.calls], log, total, os.getpid(),
+                   faults.then_fired, tuple(c.site for c in faults.calls))
 
 
 def _every_fault() -> list[tuple[int, str]]:
@@ -124,3 +132,42 @@ def test_a_call_the_unbroken_run_never_makes_is_tried_from_the_start() -> None:
         runs = broken_runs(flow, [(2, THROTTLE), (CALLS + 5, THROTTLE)])
     assert runs[(2, THROTTLE)].fired.index == 2
     assert runs[(CALLS + 5, THROTTLE)].fired is None  # the campaign's test says "the fault never fired"
+
+
+def _same_second(forked: Outcome, scratch: Outcome) -> None:
+    _same(forked, scratch)
+    assert forked.sites == scratch.sites and set(scratch.sites) == {"?"}
+    assert forked.then_fired is not None and scratch.then_fired is not None
+    assert (forked.then_fired.index, forked.then_fired.operation) == \
+        (scratch.then_fired.index, scratch.then_fired.operation)
+
+
+@pytest.mark.parametrize("first", [(3, THROTTLE), (4, LOST_RESPONSE)])
+def test_every_forked_second_fault_ends_as_its_run_from_the_start(first: tuple[int, str]) -> None:
+    """The run that breaks ``first`` forked at each later call, the child breaking it as
+    ``then``: the same calls (a throttled first made again: one call more), log, total, first
+    fault and second, and every call's site recorded, as the run from the start."""
+    thens = [(m, mode) for m in (first[0] + 1, first[0] + 2, 8, 9, CALLS) for mode in FAULT_MODES]
+    runs = second_faults(flow, first, thens)
+    assert set(runs) == set(thens)
+    for then, outcome in runs.items():
+        assert not isinstance(outcome, BrokenRunFailed), outcome
+        scratch = after_first(flow, first, then)
+        assert scratch.fault == first
+        assert scratch.then_fired is not None and scratch.then_fired.index == then[0]
+        _same_second(outcome, scratch)
+        assert outcome.pid != os.getpid()  # forked, not made here
+    # each pair broken as asked: the second's call not the first's, nor the call after it
+    assert runs[(8, THROTTLE)].log != runs[(9, THROTTLE)].log != runs[(8, LOST_RESPONSE)].log
+    assert after_first(flow, first, (8, THROTTLE)).log != after_first(flow, first, (9, THROTTLE)).log
+
+
+def test_a_second_fault_comes_after_the_first_and_broken_after_reads_every_run() -> None:
+    first = (3, THROTTLE)
+    with pytest.raises(ValueError, match="after the first"):
+        second_faults(flow, first, [(3, LOST_RESPONSE)])
+    calls = [ApiCall(n, "svc", f"Op{n}") for n in (5, 9)]
+    assert broken_after(flow, first, calls) == []
+    with pytest.warns(RuntimeWarning, match="boom after call 3"):  # the driver too: each from the start
+        failing = broken_after(partial(flow, raise_at=3), first, calls)
+    assert len(failing) == 2 * len(FAULT_MODES) and all("raised or died" in f for f in failing), failing

@@ -11,14 +11,15 @@
    count (ListContainerInstances throttled, no count ever recorded): the breaker treated the
    cluster as empty and tripped. Now the decision waits for a count.
 
-Every run is the unbroken flow broken at that one call (forked from the unbroken run,
-``_forked.py``), checked as the campaigns check it: the job restarted, or failed with its
-e-mail, nothing forgotten after any event, nothing left pending.
+Every run is the unbroken flow broken at that one call, checked as the campaigns check it: the
+job restarted, or failed with its e-mail, nothing forgotten after any event, nothing left
+pending. A flow's runs of every case are forked from one unbroken run (``_forked.py``), each at
+the call it breaks: each pays for its suffix, once per flow (one xdist group a flow).
 """
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache
 from typing import Any
 
 import pytest
@@ -37,7 +38,16 @@ from . import _forked as forked
 
 FAULTY, PEER = "node-b", "node-a"
 
-GROUP = pytest.mark.xdist_group("issue-26-cases")
+#: the node decision's re-read, the e-mail's suspect read (both throttled), and the UpdateItems
+#: of a rank's exit (their answers lost): the flows each case breaks
+DECISION_FLOWS, EXIT_FLOWS = ("dead_gpu", "app_error_fails"), ("gpu_fault", "app_error")
+DECISION_READ = ("recovery/remediation/node_decision.py:_after_decision", "GetItem")
+SUSPECT_READ = ("recovery/notices.py:for_job", "GetItem")
+
+
+def _flows(flows: tuple[str, ...]) -> list[Any]:
+    """Each flow in its own xdist group: its cases' runs forked from one unbroken run, once."""
+    return [pytest.param(flow, marks=pytest.mark.xdist_group(f"issue-26-{flow}")) for flow in flows]
 
 
 def baseline(flow: str) -> recovery.RunResult:
@@ -56,20 +66,36 @@ def after_the_decision(flow: str, site: str, operation: str) -> int:
                 if c.index > decision and c.site.startswith(site) and c.operation == operation)
 
 
+def exit_updates(flow: str) -> list[str]:
+    """The sites of the UpdateItems the task handler makes on a rank's exit."""
+    return sorted({c.site for c in baseline(flow).calls
+                   if c.site.startswith("recovery/task_events.py") and c.operation == "UpdateItem"})
+
+
+@cache
+def flow_faults(flow: str) -> tuple[tuple[int, str], ...]:
+    """Every call the cases break in ``flow``, and how (its runs made together: ``broken``)."""
+    if flow in DECISION_FLOWS:
+        return ((after_the_decision(flow, *DECISION_READ), THROTTLE),
+                (first_call(flow, *SUSPECT_READ), THROTTLE))
+    return tuple((first_call(flow, site, "UpdateItem"), LOST_RESPONSE) for site in exit_updates(flow))
+
+
 def broken(flow: str, index: int, mode: str) -> recovery.RunResult:
-    run = partial(recovery.run, flow)
-    return forked.outcome(forked.broken(run, ((index, mode),)), index, mode)
+    """The run of ``flow`` that broke call ``index`` in ``mode``: one of its cases' runs, all
+    forked from one unbroken run (made once per process: ``_forked.broken``)."""
+    assert (index, mode) in flow_faults(flow)
+    return forked.outcome(forked.broken(RUNS[flow], flow_faults(flow)), index, mode)
 
 
-# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
-# call of these flows, both ways.
+# Slow tier: whole flows broken at one call a case (a flow's cases forked from one unbroken run);
+# make test-campaigns breaks every call of these flows, both ways.
 @pytest.mark.slow
-@GROUP
-@pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
+@pytest.mark.parametrize("flow", _flows(DECISION_FLOWS))
 def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_job(flow: str) -> None:
     """The instance re-read after the decision's commit (to carry the drain out) is throttled
     past its retries: the job is FAILED, its e-mail sent, the node drained by the sweep."""
-    index = after_the_decision(flow, "recovery/remediation/node_decision.py:_after_decision", "GetItem")
+    index = after_the_decision(flow, *DECISION_READ)
     result = broken(flow, index, THROTTLE)
     assert result.fired is not None and result.fired.index == index
     assert result.problems() == []
@@ -77,30 +103,27 @@ def test_a_read_throttled_after_the_node_decision_still_settles_and_emails_the_j
     assert (kind, recovery.JOB_ID) in result.mails
 
 
-# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
-# call of these flows, both ways.
+# Slow tier: whole flows broken at one call a case (a flow's cases forked from one unbroken run);
+# make test-campaigns breaks every call of these flows, both ways.
 @pytest.mark.slow
-@GROUP
-@pytest.mark.parametrize("flow", ["dead_gpu", "app_error_fails"])
+@pytest.mark.parametrize("flow", _flows(DECISION_FLOWS))
 def test_the_suspect_read_for_the_email_throttled_fails_nothing_half_way(flow: str) -> None:
     """The suspect read that names the ranks in the e-mail now comes before the commit: it
     throttled, nothing is committed, the retried verdict decides, sends and settles."""
-    index = first_call(flow, "recovery/notices.py:for_job", "GetItem")
+    index = first_call(flow, *SUSPECT_READ)
     result = broken(flow, index, THROTTLE)
     assert result.fired is not None and result.fired.index == index
     assert result.problems() == []
 
 
-# Slow tier: whole flows broken at one call each (~10 s a case); make test-campaigns breaks every
-# call of these flows, both ways.
+# Slow tier: whole flows broken at one call a case (a flow's cases forked from one unbroken run);
+# make test-campaigns breaks every call of these flows, both ways.
 @pytest.mark.slow
-@GROUP
-@pytest.mark.parametrize("flow", ["gpu_fault", "app_error"])
+@pytest.mark.parametrize("flow", _flows(EXIT_FLOWS))
 def test_a_lost_update_on_a_ranks_exit_leaves_nothing_forgotten(flow: str) -> None:
     """Every UpdateItem the task handler makes on a rank's exit, its answer lost: the job
     still restarts and completes, and has something due after every event."""
-    sites = sorted({c.site for c in baseline(flow).calls
-                    if c.site.startswith("recovery/task_events.py") and c.operation == "UpdateItem"})
+    sites = exit_updates(flow)
     assert sites, "the flow's task handler writes no UpdateItem"
     for site in sites:
         index = first_call(flow, site, "UpdateItem")

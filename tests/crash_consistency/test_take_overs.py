@@ -7,7 +7,8 @@ themselves. Here the first fault makes the recovery take over (a health check's 
 whose answer is lost: the sweep takes its claim over once the lease ends; a gang restart's
 StartTask throttled: the batch is delivered again and the ranks' launch leases taken over),
 and every call around the take-over's ListTasks is then broken in every mode its operation
-takes (``runner.then_breaking``). Each run owes what every campaign run owes, and no task
+takes (``runner.then_breaking``; each run forked at that call from the run that breaks only
+the first: ``runner.broken_after``). Each run owes what every campaign run owes, and no task
 started twice (``invariants.started_twice``).
 """
 
@@ -18,6 +19,7 @@ from functools import cache
 import pytest
 
 from local_mode.campaigns.catalog import RUNS
+from local_mode.campaigns.recovery import run_recovery
 from local_mode.campaigns.runner import broken_after, then_breaking
 from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE, ApiCall
 
@@ -63,4 +65,4 @@ def _take_over_window(flow: str, module: str, mode: str) -> tuple[tuple[int, str
 def test_a_take_over_with_its_own_calls_broken_still_ends_right(flow: str, module: str, mode: str) -> None:
     first, window = _take_over_window(flow, module, mode)
     assert any(c.operation == "UpdateItem" for c in window), "the take-over's write is not in the window"
-    assert broken_after(RUNS[flow], first, window) == []
+    assert broken_after(RUNS[flow], first, window, warm_up=run_recovery) == []
