@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 # The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
-# re-exported for infra/ and local mode, which take every shared name from this module.
+# re-exported for infra/ and local mode, which take the shared names from this module.
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
     ACTIVE_JOB_STATES,
