@@ -125,7 +125,7 @@ class _Plan:
     """A structure's members (each member shape's ``parent`` set to it, as moto sets it), the
     attribute names per class of object, the transformers per path."""
 
-    __slots__ = ("members", "names", "transforms")
+    __slots__ = ("members", "names", "none", "transforms")
 
     def __init__(self, shape: Any) -> None:
         members = []
@@ -133,6 +133,7 @@ class _Plan:
             member_shape.parent = shape
             members.append(_member(key, member_shape))
         self.members: tuple[_Member, ...] = tuple(members)
+        self.none: tuple[None, ...] = (None,) * len(members)  # no names kept, no transformer
         self.names: dict[Any, tuple[Any, ...]] = {}
         self.transforms: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
 
@@ -148,6 +149,8 @@ class _Plan:
                     names = None
                 if names is not None and any("." in name for name in names):
                     names = None  # a dotted name is a path to moto's picker
+                elif names is not None and cls is dict:  # a dict read twice reads the same
+                    names = tuple(dict.fromkeys(names))
                 entries.append(names)
             row = tuple(entries)
             if len(self.names) < 64:
@@ -194,68 +197,66 @@ def _fill(self: Any, out: dict[str, Any], value: Any, shape: Any, transformers: 
     else:
         # an object's own aliases, or one read by item: the picker as moto_dispatch keeps it
         slow = getattr(value, "Meta", None) is not None or hasattr(value, "__getitem__")
-        names = () if slow else plan.names_of(value.__class__, value)
+        names = plan.none if slow else plan.names_of(value.__class__, value)
         pick = None
-    for index, member in enumerate(plan.members):
-        key = member.key
-        member_names = None if slow else names[index]
+    for member, member_names, transform in zip(plan.members, names, transforms or plan.none, strict=True):
+        key, member_shape, kind, name, item_shape, _ = member
         if member_names is None:
-            picked = self.get_value(value, key, member.shape)
+            picked = self.get_value(value, key, member_shape)
         else:
             picked = None
             if pick is not None:
-                for name in member_names:
-                    found = pick(name, MISSING)
+                for name_ in member_names:
+                    found = pick(name_, MISSING)
                     if found is not MISSING:
                         picked = found
                         break
             else:
-                for name in member_names:
-                    found = getattr(value, name, MISSING)
+                for name_ in member_names:
+                    found = getattr(value, name_, MISSING)
                     if found is not MISSING:
                         picked = found
                         break
-            if transforms is not None and (transform := transforms[index]) is not None:
+            if transform is not None:
                 picked = transform(picked)
         if picked is None:
             continue
-        kind = member.kind
         if kind == _STRING:
             if type(picked) is str:
-                out[member.name] = picked
+                out[name] = picked
             else:
-                self._serialize_type_string(out, picked, member.shape, key)
+                self._serialize_type_string(out, picked, member_shape, key)
         elif kind == _STRUCT:
             path.append(key)
             inner: dict[str, Any] = {}
-            _fill(self, inner, picked, member.shape, transformers)
+            _fill(self, inner, picked, member_shape, transformers)
             path.pop()
-            out[member.name] = inner
+            out[name] = inner
         elif kind == _LIST:
             path.append(key)
             out_list = _list(self, picked, member, transformers)
             path.pop()
-            out[member.name] = out_list
+            out[name] = out_list
         elif kind == _INTEGER:
-            out[member.name] = picked if type(picked) is int else int(picked)
+            out[name] = picked if type(picked) is int else int(picked)
         elif kind == _FLOAT:
-            out[member.name] = picked if type(picked) is float else float(picked)
+            out[name] = picked if type(picked) is float else float(picked)
         elif kind == _RAW:
-            out[member.name] = picked
+            out[name] = picked
         elif kind == _MAP:
             entries: dict[Any, Any] = {}
-            out[member.name] = entries
+            out[name] = entries
             path.append(key)
             for entry_key, entry in picked.items():
                 if type(entry) is str:
                     entries[entry_key] = entry
                 else:
-                    self._serialize(entries, entry, member.item, entry_key)
+                    self._serialize(entries, entry, item_shape, entry_key)
             path.pop()
         elif kind == _DOCUMENT:
             out[key] = picked
         else:
-            self._serialize(out, picked, member.shape, key)
+            self._serialize(out, picked, member_shape, key)
 
 
 def _list(self: Any, value: Any, member: _Member, transformers: tuple[Any, ...]) -> list[Any]:
