@@ -22,8 +22,11 @@ work moto repeats on every call although its inputs are fixed once the backends 
   shape sits in (``shape.parent``): kept per those; the value is then picked from the
   object and transformed (``RESPONSE_KEY_PATH_TO_TRANSFORMER``) as moto's picker does.
 
-Both are installed by ``LocalAws`` (``install_moto_dispatch``) over moto's functions, only
-when moto's function is the one copied here (:data:`_EXPECTED_SOURCES`): a moto upgrade that
+* **the JSON structures' plans** (local_mode/sim/moto_serializer.py, on top of the kept
+  names): what moto's JSON serializer derives per member of every structure it writes.
+
+All are installed by ``LocalAws`` (``install_moto_dispatch``) over moto's functions, only
+when moto's function is the one copied (:data:`_EXPECTED_SOURCES`): a moto upgrade that
 changes it leaves moto's own in place. tests/local_mode/test_moto_dispatch.py compares every
 moto-served answer of whole flows with and without them.
 """
@@ -62,6 +65,8 @@ from moto.core.serialize import (
 )
 from moto.core.utils import MISSING, get_equivalent_url_in_aws_domain
 from moto.moto_api import recorder
+
+from .moto_serializer import memoize_json_structures, names_but_explicit, unmemoize_json_structures
 
 #: sha256 of the moto functions this module replaces (moto 5.2.5); another source: not installed
 _EXPECTED_SOURCES = {
@@ -175,19 +180,6 @@ process_request._memoized_routes = True  # type: ignore[attr-defined]
 _alias_names: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
 
-def _names_but_explicit(value: Any, key: str, shape: Any) -> tuple[str, ...]:
-    """The names moto's alias providers after ``ExplicitAlias`` give for ``key`` of ``value``,
-    each followed by its ``xform_name`` (``XFormedAttributePicker``), in moto's order."""
-    context = AttributePickerContext(obj=value, key=key, shape=shape)
-    names: list[str] = []
-    for provider_class in DEFAULT_ALIAS_PROVIDERS[1:]:
-        provider = provider_class(context)  # type: ignore[abstract]  # (the concrete ones)
-        if provider.has_alias(key):
-            alias = provider.get_alias(key)
-            names += (alias, xform_name(alias))
-    return tuple(names)
-
-
 def serializer_get_value(self: Any, value: Any, key: str, shape: Any) -> Any:
     """``ResponseSerializer.get_value`` with the attribute names kept (module docstring): the
     value picked and transformed as ``XFormedAttributePicker`` picks and transforms it."""
@@ -202,7 +194,7 @@ def serializer_get_value(self: Any, value: Any, key: str, shape: Any) -> Any:
         return _originals["ResponseSerializer.get_value"](self, value, key, shape)
     if names is None:
         try:
-            names = _names_but_explicit(value, key, shape)
+            names = names_but_explicit(value, key, shape)
         except Exception:  # a provider failing eagerly: moto's lazy order decides
             return _originals["ResponseSerializer.get_value"](self, value, key, shape)
         if len(_alias_names) < _CACHE_LIMIT:
@@ -264,16 +256,18 @@ _installed: list[bool] = []
 
 
 def install_moto_dispatch() -> None:
-    """Both (each keeps moto's own when moto changed); once a process: reading moto's source
+    """All three (each keeps moto's own when moto changed); once a process: reading moto's source
     to check it costs more than a run's calls save."""
     if not _installed:
         _installed.append(True)
         memoize_stubber_routes()
-        memoize_serializer_aliases()
+        if memoize_serializer_aliases():
+            memoize_json_structures()
 
 
 def uninstall_moto_dispatch() -> None:
     """moto's own functions back, the kept answers dropped (the differential test)."""
+    unmemoize_json_structures()
     with _lock:
         owners = {"BotocoreStubber.process_request": (BotocoreStubber, "process_request"),
                   "ResponseSerializer.get_value": (ResponseSerializer, "get_value")}

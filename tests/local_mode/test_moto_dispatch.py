@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 import local_mode.emulator as emulator
 from local_mode.campaigns.catalog import RUNS
-from local_mode.sim import moto_dispatch
+from local_mode.sim import moto_dispatch, moto_serializer
 
 #: flows whose moto-served calls cover ECS (container instances, attributes, tasks), EC2,
 #: CloudWatch Logs, SNS and SQS
@@ -84,6 +84,7 @@ def test_every_moto_served_answer_is_moto_own(flow: str, moto_own_dispatch: None
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     own = _moto_served_answers(flow, monkeypatch)
     assert moto_dispatch.memoize_stubber_routes() and moto_dispatch.memoize_serializer_aliases()
+    assert moto_serializer.memoize_json_structures()
     kept = _moto_served_answers(flow, monkeypatch)
     services = {answer[0] for answer in own}
     assert {"ecs", "ec2", "sns"} <= services, services
@@ -284,6 +285,7 @@ def test_local_aws_serves_through_the_kept_dispatch() -> None:
     with LocalAws(dynamodb="memory") as local:
         assert BotocoreStubber.process_request is moto_dispatch.process_request
         assert ResponseSerializer.get_value is moto_dispatch.serializer_get_value
+        assert ResponseSerializer._serialize_type_structure is moto_serializer.serialize_structure
         assert local.client("ecs").list_clusters()["clusterArns"] == [local.cluster_arn]
 
 
