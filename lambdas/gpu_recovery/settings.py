@@ -342,10 +342,11 @@ def parse_node_quotas(raw: str) -> dict[int, int]:
     return quotas
 
 
-# The least SCHEDULER_TIME_BUDGET_SECONDS accepted: an older release's ledger drain leaves
-# admission 15 s (queue.scheduler.ADMISSION_MARGIN_SECONDS) and takes a further entry only while
-# 10 s are left (queue.ledger_drain.ENTRY_MARGIN_SECONDS); 30 s cover both with the first entry's
-# calls besides. Not derived from them: queue.scheduler imports this module.
+# The least SCHEDULER_TIME_BUDGET_SECONDS accepted: the tick's drain of the launches an older
+# release left in flight leaves admission 15 s (queue.scheduler.ADMISSION_MARGIN_SECONDS) and
+# takes a further entry only while 10 s are left (queue.ledger_drain.ENTRY_MARGIN_SECONDS); 30 s
+# cover both with the first entry's calls besides. Not derived from them: queue.scheduler
+# imports this module.
 MIN_SCHEDULER_TIME_BUDGET_SECONDS = 30
 
 

@@ -171,3 +171,7 @@ def test_a_second_fault_comes_after_the_first_and_broken_after_reads_every_run()
     with pytest.warns(RuntimeWarning, match="boom after call 3"):  # the driver too: each from the start
         failing = broken_after(partial(flow, raise_at=3), first, calls)
     assert len(failing) == 2 * len(FAULT_MODES) and all("raised or died" in f for f in failing), failing
+    # a second call the run never makes: each run from the start, its second fault never fired
+    with pytest.warns(RuntimeWarning, match="ended early"):
+        never = broken_after(flow, first, [ApiCall(CALLS + 5, "svc", "OpPast")])
+    assert len(never) == len(FAULT_MODES) and all("a fault never fired" in f for f in never), never

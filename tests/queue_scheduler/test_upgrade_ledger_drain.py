@@ -427,11 +427,11 @@ def test_a_budget_below_the_margins_still_drains_an_entry_a_tick(two_old_launche
     assert _ledger(setup.qc) == {}
 
 
-def test_a_time_budget_setting_below_both_margins_fails_the_cold_start_naming_it() -> None:
+def test_a_time_budget_setting_below_both_margins_fails_every_tick_naming_it() -> None:
     """Given SCHEDULER_TIME_BUDGET_SECONDS just below 30 s (admission's 15 s and an entry's 10 s
     with the first entry's calls besides)
-    When the scheduler's settings are read
-    Then the cold start fails naming the variable and its minimum; 30 s is accepted."""
+    When the scheduler's settings are read (each tick reads them)
+    Then they are refused, naming the variable and its minimum; 30 s is accepted."""
     assert MIN_SCHEDULER_TIME_BUDGET_SECONDS >= ADMISSION_MARGIN_SECONDS + ENTRY_MARGIN_SECONDS
     with pytest.raises(SettingsError, match=r"SCHEDULER_TIME_BUDGET_SECONDS must be >= 30, got 29"):
         SchedulerConfig.from_env({C.ENV_SCHEDULER_TIME_BUDGET_SECONDS: "29"})
