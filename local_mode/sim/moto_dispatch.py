@@ -26,15 +26,14 @@ work moto repeats on every call although its inputs are fixed once the backends 
   names): what moto's JSON serializer derives per member of every structure it writes.
 
 All are installed by ``LocalAws`` (``install_moto_dispatch``) over moto's functions, only
-when moto's function is the one copied (:data:`_EXPECTED_SOURCES`): a moto upgrade that
-changes it leaves moto's own in place. tests/local_mode/test_moto_dispatch.py compares every
+when moto's functions are the ones copied (the first two: :data:`_EXPECTED_SOURCES`; the
+plans: moto_serializer's ``_EXPECTED_SOURCE``): a moto upgrade that changes them leaves
+moto's own in place. tests/local_mode/test_moto_dispatch.py compares every
 moto-served answer of whole flows with and without them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import re
 import threading
 from collections.abc import Callable
@@ -66,7 +65,12 @@ from moto.core.serialize import (
 from moto.core.utils import MISSING, get_equivalent_url_in_aws_domain
 from moto.moto_api import recorder
 
-from .moto_serializer import memoize_json_structures, names_but_explicit, unmemoize_json_structures
+from .moto_serializer import (
+    _source_digest,
+    memoize_json_structures,
+    names_but_explicit,
+    unmemoize_json_structures,
+)
 
 #: sha256 of the moto functions this module replaces (moto 5.2.5); another source: not installed
 _EXPECTED_SOURCES = {
@@ -95,10 +99,6 @@ class _Route(NamedTuple):
 
 _routes: dict[tuple[Any, ...], _Route] = {}
 _NOT_IMPLEMENTED_URL = re.compile(r"https?://.+\.amazonaws.com/.*")
-
-
-def _source_digest(*code: Any) -> str:
-    return hashlib.sha256("".join(inspect.getsource(c) for c in code).encode()).hexdigest()
 
 
 def _default_backend(service: str) -> Any:

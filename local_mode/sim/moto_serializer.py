@@ -22,7 +22,7 @@ An object carrying its own aliases (``Meta.serialization_aliases``), an object r
 that is not a ``dict``, or a member whose names the providers cannot give eagerly, is read
 through ``self.get_value`` as before. Installed over moto's ``_serialize_type_structure``
 (:func:`memoize_json_structures`) only when each moto function the walk stands in for has
-the source copied here (:data:`_EXPECTED_SOURCES`); used only for moto's ``JSONSerializer``
+the source copied here (:data:`_EXPECTED_SOURCE`); used only for moto's ``JSONSerializer``
 whose methods are still those (and ``get_value`` moto_dispatch's ``serializer_get_value``):
 any other serializer, protocol or error shape runs moto's code.
 tests/local_mode/test_moto_serializer.py serializes every moto-served answer of whole flows
@@ -135,7 +135,7 @@ class _Plan:
         self.members: tuple[_Member, ...] = tuple(members)
         self.none: tuple[None, ...] = (None,) * len(members)  # no names kept, no transformer
         self.names: dict[Any, tuple[Any, ...]] = {}
-        self.transforms: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+        self.transforms: dict[tuple[Any, ...], tuple[int | None, ...] | None] = {}
 
     def names_of(self, cls: Any, value: Any) -> tuple[Any, ...]:
         """Per member, the attribute names to read (None: read through ``get_value``)."""
@@ -157,16 +157,18 @@ class _Plan:
                 self.names[cls] = row
         return row
 
-    def transforms_of(self, prefix: str, transformers: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """Per member, the transformer moto's picker applies at ``prefix.key`` (None: none
-        for any member)."""
-        cache_key = (prefix, transformers)
+    def transforms_of(self, prefix: str, paths: tuple[str, ...]) -> tuple[int | None, ...] | None:
+        """Per member, the index in ``paths`` of the transformer moto's picker applies at
+        ``prefix.key`` (None: none for any member). Keyed on the paths, not the functions: moto
+        puts a new ``lambda x: x`` in a transformer dict on some calls (``_include_in_response``);
+        the function is read from the current transformers at use."""
+        cache_key = (prefix, paths)
         if cache_key in self.transforms:
             return self.transforms[cache_key]
-        row: list[Any] = []
+        row: list[int | None] = []
         for member in self.members:
             key_path = f"{prefix}.{member.key}"
-            row.append(next((transform for path, transform in transformers if key_path.endswith(path)), None))
+            row.append(next((index for index, path in enumerate(paths) if key_path.endswith(path)), None))
         found = tuple(row) if any(t is not None for t in row) else None
         if len(self.transforms) < 256:
             self.transforms[cache_key] = found
@@ -186,10 +188,11 @@ def _plan(shape: Any) -> _Plan:
 
 
 def _fill(self: Any, out: dict[str, Any], value: Any, shape: Any, transformers: tuple[Any, ...]) -> None:
-    """moto's ``_serialize_type_structure`` of ``value`` (not None) into ``out``."""
+    """moto's ``_serialize_type_structure`` of ``value`` (not None) into ``out``;
+    ``transformers``: () or (the picker's transformer paths, their functions), in its order."""
     plan = _plan(shape)
     path = self.path
-    transforms = plan.transforms_of(".".join(path), transformers) if transformers else None
+    transforms = plan.transforms_of(".".join(path), transformers[0]) if transformers else None
     if type(value) is dict:
         pick = value.get
         names = plan.names_of(value.__class__, value)
@@ -218,7 +221,7 @@ def _fill(self: Any, out: dict[str, Any], value: Any, shape: Any, transformers: 
                         picked = found
                         break
             if transform is not None:
-                picked = transform(picked)
+                picked = transformers[1][transform](picked)
         if picked is None:
             continue
         if kind == _STRING:
@@ -291,6 +294,7 @@ _METHODS = ("_serialize", "_default_serialize", "get_serialized_name", "_seriali
             "_serialize_type_float", "_serialize_type_double", "get_value", "MAP_TYPE")
 _read_methods = operator.attrgetter(*_METHODS)
 _installed_methods: list[tuple[Any, ...]] = []
+_checked_structure: list[Any] = []  # the JSON structure writer whose source was checked
 
 
 def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> Any:
@@ -298,7 +302,8 @@ def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key:
     ``JSONSerializer`` as installed (module docstring), moto's own for everything else."""
     picker = self._value_picker
     if (type(self) is not JSONSerializer or type(shape) is not StructureShape
-            or not _installed_methods or _read_methods(JSONSerializer) != _installed_methods[0]
+            or not _installed_methods
+            or (_read_methods(JSONSerializer) != _installed_methods[0] and not _resnapshot())
             or ResponseSerializer.__dict__["_serialize_type_structure"] is not serialize_structure
             or hasattr(JSONSerializer, "_serialize_type_boolean")
             or type(picker) is not XFormedAttributePicker
@@ -307,7 +312,8 @@ def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key:
         return _originals["ResponseSerializer._serialize_type_structure"](self, serialized, value, shape, key)
     if value is None:
         return None
-    transformers = tuple(picker.response_transformers.items()) if picker.response_transformers else ()
+    given = picker.response_transformers
+    transformers = (tuple(given), tuple(given.values())) if given else ()
     if not key:
         _fill(self, serialized, value, shape, transformers)
         return None
@@ -315,9 +321,6 @@ def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key:
     _fill(self, inner, value, shape, transformers)
     serialized[shape.serialization.get("name", key)] = inner
     return None
-
-
-serialize_structure._kept_plans = True  # type: ignore[attr-defined]
 
 
 def _json_structure() -> Any:
@@ -341,6 +344,30 @@ def _copied_functions() -> tuple[Any, ...]:
             json_["_serialize_type_string"], moto_utils.get_value, moto_utils._get_value_for_key)
 
 
+def _expected_methods() -> tuple[Any, ...]:
+    """What :data:`_METHODS` must read for the walk to stand in for moto's."""
+    base, json_ = ResponseSerializer.__dict__, BaseJSONSerializer.__dict__
+    return (base["_serialize"], base["_default_serialize"], base["get_serialized_name"],
+            base["_serialize_structure_member"], JSONSerializer._serialize_type_structure,
+            json_["_serialize_type_list"], json_["_serialize_type_map"], json_["_serialize_type_string"],
+            base["_serialize_type_integer"], base["_serialize_type_integer"],
+            base["_serialize_type_float"], base["_serialize_type_float"], JSONSerializer.get_value, dict)
+
+
+def _resnapshot() -> bool:
+    """``JSONSerializer``'s methods changed since installing: kept (and walked) if they are
+    still those the walk stands in for over the same checked structure writer, e.g.
+    moto_patches' ``AttributeValue`` wrapper installed after the walk."""
+    with _lock:
+        methods = _read_methods(JSONSerializer)
+        if (not _installed_methods or not _checked_structure or methods != _expected_methods()
+                or _json_structure() is not _checked_structure[0]
+                or not getattr(JSONSerializer.get_value, "_memoized_aliases", False)):
+            return False
+        _installed_methods[0] = methods
+        return True
+
+
 def memoize_json_structures() -> bool:
     """Walk moto's JSON structures with the kept plans (module docstring); False when moto's
     serializer is not the one this module copies, or its value picker is not moto_dispatch's
@@ -350,21 +377,14 @@ def memoize_json_structures() -> bool:
         if current is serialize_structure:
             return True
         methods = _read_methods(JSONSerializer)
-        base, json_ = ResponseSerializer.__dict__, BaseJSONSerializer.__dict__
-        expected = (base["_serialize"], base["_default_serialize"], base["get_serialized_name"],
-                    base["_serialize_structure_member"], JSONSerializer._serialize_type_structure,
-                    json_["_serialize_type_list"], json_["_serialize_type_map"],
-                    json_["_serialize_type_string"],
-                    base["_serialize_type_integer"], base["_serialize_type_integer"],
-                    base["_serialize_type_float"], base["_serialize_type_float"],
-                    JSONSerializer.get_value, dict)
-        if (methods != expected or hasattr(JSONSerializer, "_serialize_type_boolean")
+        if (methods != _expected_methods() or hasattr(JSONSerializer, "_serialize_type_boolean")
                 or not getattr(JSONSerializer.get_value, "_memoized_aliases", False)
                 or moto_serialize.get_value is not moto_utils.get_value
                 or _source_digest(*_copied_functions()) != _EXPECTED_SOURCE):
             return False
         _originals["ResponseSerializer._serialize_type_structure"] = current
         _installed_methods[:] = [methods]
+        _checked_structure[:] = [_json_structure()]
         ResponseSerializer._serialize_type_structure = serialize_structure  # type: ignore[method-assign]
         return True
 
@@ -376,4 +396,5 @@ def unmemoize_json_structures() -> None:
         if original is not None:
             ResponseSerializer._serialize_type_structure = original  # type: ignore[method-assign]
         _installed_methods.clear()
+        _checked_structure.clear()
         _plans.clear()

@@ -22,6 +22,9 @@ _SERIALIZE = ResponseSerializer.serialize  # moto's (the flow test wraps it)
 
 @pytest.fixture
 def kept_walk() -> Iterator[None]:
+    from local_mode.moto_patches import install_emulator_speedups
+
+    install_emulator_speedups()  # moto_patches' AttributeValue writer, as LocalAws installs it
     moto_dispatch.uninstall_moto_dispatch()
     moto_dispatch.install_moto_dispatch()
     assert ResponseSerializer._serialize_type_structure is moto_serializer.serialize_structure
@@ -153,6 +156,13 @@ class Item:
         self.__dict__.update(attributes)
 
 
+class ItemN:
+    """Its ``itemName`` read only by its class name's alias (``ame``: not the shape ``Item``'s)."""
+
+    def __init__(self, ame: str) -> None:
+        self.ame = ame
+
+
 class Aliased(Item):
     class Meta:
         serialization_aliases = {"itemName": "label"}
@@ -167,9 +177,9 @@ def _results() -> list[Any]:
 
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
     return [
-        {"items": [Item(name="by class prefix", arn="a", size=True, attributes={"k": "v"}), None,
-                   {"itemName": Color.RED, "size": "7"}, Aliased(label="aliased", itemName="not this"),
-                   ByItem(itemName="by item", size=3)],
+        {"items": [Item(name="by class prefix", arn="a", size=True, attributes={"a": "b", "k": "v"}), None,
+                   {"itemName": Color.RED, "size": "7"}, ItemN("by class name"),
+                   Aliased(label="aliased", itemName="not this"), ByItem(itemName="by item", size=3)],
          "names": ["a", None, 3, Color.RED], "tags": {"a": "b", "c": None, "": "empty", "d": 4},
          "count": 2**40, "ratio": 1, "flag": "yes", "when": when, "data": b"\x00\xff", "doc": {"x": [1, {}]},
          "renamed": "r", "nested": [["a"], []], "counts": {"a": 1, "b": "2"}},
@@ -182,7 +192,9 @@ def _results() -> list[Any]:
 
 @pytest.mark.parametrize("transformers", [None, {
     "Output.items.Item.attributes": lambda v: v and dict(sorted(v.items(), reverse=True)),
-    "item.size": lambda v: 99, "Output.count": lambda v: None}])
+    "item.size": lambda v: 99, "Output.count": lambda v: None},
+    # a list item's member never returned, as DescribeTasks without include=TAGS
+    {"Output.items.Item.size": moto_serialize.never_return}])
 def test_a_model_of_every_kind_is_written_as_moto_writes_it(kept_walk: None, transformers: Any) -> None:
     for result in _results():
         kept = _outcome(lambda: _serializer(transformers).serialize(result))  # noqa: B023
@@ -241,3 +253,36 @@ def test_another_moto_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()
     assert not moto_serializer.memoize_json_structures()  # moto's picker, not moto_dispatch's
     assert ResponseSerializer._serialize_type_structure is own
+
+
+def test_a_transformer_replaced_for_the_same_path_is_the_one_applied(kept_walk: None) -> None:
+    """moto's ``_include_in_response`` puts a new function at the same path on every call."""
+    transformers: dict[str, Any] = {"Output.items.Item.itemName": lambda v: "first"}
+    serializer = _serializer(transformers)
+    result = {"items": [{"itemName": "x"}]}
+    assert serializer.serialize(result)["body"] == '{"items": [{"itemName": "first"}]}'
+    transformers["Output.items.Item.itemName"] = lambda v: "second"
+    assert serializer.serialize(result)["body"] == '{"items": [{"itemName": "second"}]}'
+    assert _as_bytes(serializer.serialize(result)) == _as_bytes(_moto_own(serializer, result))
+
+
+def test_the_attribute_value_writer_installed_after_keeps_the_walk(
+        kept_walk: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto.core.serialize import BaseJSONSerializer
+
+    wrapper = BaseJSONSerializer.__dict__["_serialize_type_structure"]
+    assert wrapper._attribute_values_direct
+    moto_dispatch.uninstall_moto_dispatch()
+    monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_structure", wrapper._generic)
+    moto_dispatch.install_moto_dispatch()
+    monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_structure", wrapper)  # after the walk
+    calls: list[str] = []
+    fill = moto_serializer._fill
+
+    def counted(self: Any, *args: Any) -> None:
+        calls.append("kept")
+        fill(self, *args)
+
+    monkeypatch.setattr(moto_serializer, "_fill", counted)
+    _serializer().serialize(_results()[3])
+    assert calls == ["kept"]
