@@ -219,8 +219,8 @@ def test_errors_and_other_protocols_are_moto_own(kept_walk: None) -> None:
                                                                              _results()[1]))
 
 
-def test_a_changed_serializer_is_walked_by_moto(kept_walk: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A writer replaced after installing, another serializer or another picker: moto's walk."""
+def _walks_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A "kept" per structure the kept walk writes from here on."""
     calls: list[str] = []
     fill = moto_serializer._fill
 
@@ -229,6 +229,12 @@ def test_a_changed_serializer_is_walked_by_moto(kept_walk: None, monkeypatch: py
         fill(self, *args)
 
     monkeypatch.setattr(moto_serializer, "_fill", counted)
+    return calls
+
+
+def test_a_changed_serializer_is_walked_by_moto(kept_walk: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer replaced after installing, another serializer or another picker: moto's walk."""
+    calls = _walks_counted(monkeypatch)
     _serializer().serialize(_results()[3])
     assert calls == ["kept"]
     calls.clear()
@@ -276,13 +282,6 @@ def test_the_attribute_value_writer_installed_after_keeps_the_walk(
     monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_structure", wrapper._generic)
     moto_dispatch.install_moto_dispatch()
     monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_structure", wrapper)  # after the walk
-    calls: list[str] = []
-    fill = moto_serializer._fill
-
-    def counted(self: Any, *args: Any) -> None:
-        calls.append("kept")
-        fill(self, *args)
-
-    monkeypatch.setattr(moto_serializer, "_fill", counted)
+    calls = _walks_counted(monkeypatch)
     _serializer().serialize(_results()[3])
     assert calls == ["kept"]
