@@ -1,6 +1,7 @@
 """The CPU-only shortcuts around each simulated AWS call change no answer: the fault injector's
-call sites (``broken_calls._call_site``), the grants guard's policies per run settings, and the
-store-served DynamoDB client's event emission (``botocore_backend.StoreTransport``)."""
+call sites (``broken_calls._call_site``) and the store-served DynamoDB client's event emission
+(``botocore_backend.StoreTransport``); and the grants guard reads the run's settings for every
+call (what a cache of its policies would have to keep)."""
 
 from __future__ import annotations
 

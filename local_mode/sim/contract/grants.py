@@ -333,21 +333,16 @@ class GrantsGuard:
             return
         if not wanted:
             return
-        policies = self._policies(fn)  # the settings are read once a call
+        policies = fn.policies(self._active_variants())  # the settings are read once a call
         for need in wanted:
             self._require(fn, need, f"{service}:{operation}", policies)
 
     def _active_variants(self) -> frozenset[str]:
         return _variants_of(self.env.get(C.ENV_REMEDIATION_SETTINGS) or "")
 
-    def _policies(self, fn: _Function) -> PolicySet:
-        # A function no variant adds grants to has its base policies whatever the settings:
-        # the settings are not read for it (os.environ.get was ~0.5 % of a crash campaign).
-        return fn.policies(self._active_variants()) if fn.variants else fn.base
-
     def _require(self, fn: _Function, need: Need, operation: str, policies: PolicySet | None = None) -> None:
         if policies is None:
-            policies = self._policies(fn)
+            policies = fn.policies(self._active_variants())
         decision = policies.decide(need.action, need.resource, need.context)
         if decision.allowed and decision.allowed_by is not None:
             sid = decision.allowed_by.ident
