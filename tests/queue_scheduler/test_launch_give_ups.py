@@ -6,6 +6,7 @@ placement failures (retried silently) and give-ups are counted apart."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState
 from gpu_recovery.recovery.queue_launches import LAUNCH_GIVE_UP_LIMIT
 from gpu_recovery.repository.scheduling import SchedulingRepository
+from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
 from tests.notifications.truth import command_mentions_problems
 from tests.queue_scheduler._cluster_moves import steal_gpus, throttled
@@ -258,3 +260,75 @@ def test_the_give_ups_failure_ends_only_a_starting_launch_not_complete(qc):
     assert "launch_give_ups" not in qc.item(running) or qc.item(running)["launch_give_ups"] == 0
     assert fail(running, None)
     assert qc.state(running) is JobState.FAILED
+
+
+#: the calls of the failing give-up and its aftermath (the write with its e-mail, the e-mail's
+#: publish and its outbox update, the stop of the ranks it started)
+GIVE_UP_SITES = ("recovery/queue_launches.py", "recovery/notices.py", "recovery/gang.py", "recovery/ranks.py")
+
+
+def _third_give_up_due(qc: QueueCluster, monkeypatch: Any) -> str:
+    """A 2-node job whose rank on node-1 never starts, given up twice, launched a third time and
+    past its give-up (no sweep since): the next sweep fails it."""
+    Node1Refuses(qc, monkeypatch)
+    job = qc.submit(nnodes=2, gpus=8)
+    scheduler = qc.scheduler()
+    for give_ups in (1, 2):
+        _, item = _launch_ends(qc, scheduler, job)
+        _requeued_given_up(item, give_ups=give_ups, resource_failures=give_ups)
+    _admitted(qc, scheduler, job)
+    qc.sim.run_for(600)
+    return job
+
+
+@pytest.mark.slow
+def test_the_failing_give_up_with_each_of_its_calls_broken_still_fails_the_job_once(monkeypatch):
+    """Given a job whose third launch in a row is due to be given up
+    When the sweep's give-up has one of its calls (the failure's transaction with its e-mail, the
+    e-mail's publish and its outbox update, the rank's stop) throttled or its answer lost, and
+    the sweep runs every minute after
+    Then the job ends FAILED at that attempt with its count, its e-mail sent (twice at worst: a
+    publish whose outbox update was lost), its started rank stopped, nothing else relaunched."""
+    gen = make_queue_cluster(nodes=[8, 8])
+    qc = next(gen)
+    try:
+        job = _third_give_up_due(qc, monkeypatch)
+        qc.local.call_faults.arm(None, record_sites=True)
+        try:
+            qc.recovery.sweep()
+            calls = list(qc.local.call_faults.calls)
+        finally:
+            qc.local.call_faults.disarm()
+        assert qc.state(job) is JobState.FAILED
+    finally:
+        gen.close()
+    first = next(c.index for c in calls if c.site.startswith("recovery/queue_launches.py"))
+    window = [c for c in calls if c.index >= first and c.site.startswith(GIVE_UP_SITES)]
+    assert any(c.operation == "TransactWriteItems" for c in window), window
+    assert any(c.operation == "Publish" for c in window), window
+    wrong = []
+    for call in window:
+        for mode in (THROTTLE, LOST_RESPONSE):
+            gen = make_queue_cluster(nodes=[8, 8])
+            qc = next(gen)
+            try:
+                job = _third_give_up_due(qc, monkeypatch)
+                qc.local.call_faults.arm(call.index, mode, record_sites=True)
+                try:
+                    with contextlib.suppress(Exception):  # the invocation fails: the sweep comes again
+                        qc.recovery.sweep()
+                    fired = qc.local.call_faults.fired
+                finally:
+                    qc.local.call_faults.disarm()
+                assert fired is not None and (fired.operation, fired.site) == (call.operation, call.site)
+                for _ in range(15):
+                    qc.sim.run_for(60)
+                    qc.recovery.sweep()
+                item, mails = qc.item(job), len(_failed_emails(qc, job))
+                outcome = (item["job_state"], item["attempt"], item.get("launch_give_ups"),
+                           len(item["attempts"]), "stop_fanout" in item, len(qc.live_tasks(job)))
+                if outcome != ("FAILED", 3, 3, 3, False, 0) or not 1 <= mails <= 2:
+                    wrong.append(f"{call.operation} {call.site} {mode}: {outcome}, {mails} e-mail(s)")
+            finally:
+                gen.close()
+    assert wrong == []
