@@ -15,6 +15,11 @@
   finished after a while is sent again (batches skip what is done); one still not complete
   after its resends is given up: requeued with the back-off of a placement failure (nothing
   says the job cannot run), only while it is still STARTING and not complete (in the write).
+  The job's consecutive give-ups are counted on its item (``launch_give_ups``, in that write;
+  0 again once a launch completes, untouched by a placement failure): the
+  ``LAUNCH_GIVE_UP_LIMIT``-th in a row fails the job instead (FAILED, its started ranks stopped
+  as any failed launch's, the ``failed`` e-mail owed in the same write): something keeps its
+  launches from completing, and requeuing it every few minutes would hide that for good.
 
 Every abort applied counts in the recovery's ``LaunchesAborted`` metric, wherever it happens (a
 tick's inline launch, the gang worker's batch, the sweep).
@@ -23,19 +28,26 @@ tick's inline launch, the gang worker's batch, the sweep).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import RETRY_INTERVAL_SECONDS, queue_order, relocated_queue_order
+from gpu_recovery.constants import (
+    RETRY_INTERVAL_SECONDS,
+    NotificationKind,
+    queue_order,
+    relocated_queue_order,
+)
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.rank_template import LAUNCH, RankTemplate, intent_kind
 from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import RESEND_AFTER_SECONDS, GangRestart
+from gpu_recovery.recovery.goodput_metrics import job_failed
+from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.latches import LatchRepository
-from gpu_recovery.repository.scheduling import SchedulingRepository
+from gpu_recovery.repository.scheduling import LAUNCH_GIVE_UPS, SchedulingRepository
 
 if TYPE_CHECKING:
     from gpu_recovery.queue.admission import FailureKind
@@ -45,6 +57,15 @@ logger = logging.getLogger(__name__)
 # A launch not complete after this many resends of its intent (and one more per 256 ranks) is
 # given up (requeued).
 MAX_LAUNCH_RESENDS = 3
+# A job whose launch is given up this many times in a row (no launch of it completed between) is
+# FAILED at that give-up rather than requeued: only lack of resources is retried silently.
+LAUNCH_GIVE_UP_LIMIT = 3
+# What the failed job's reason and e-mail point at: what keeps a launch from completing.
+GIVE_UP_CAUSES = ("its ranks' StartTask calls kept failing as transient (throttled, ECS unavailable) "
+                  "or their starts died before registering every rank")
+GIVE_UP_ACTION = ("Look at the recovery sweep's and the gang worker's logs for this job (StartTask "
+                  "refused or throttled, a start that died) and at ECS's health and StartTask throttling "
+                  "in the cluster's region; then resubmit the job (gpujobs submit).")
 
 
 class LaunchInterrupted(Exception):
@@ -75,6 +96,7 @@ class QueueLaunches:
     deadlines: RearmsJob
     gang: GangOps
     restarts: GangRestart  # STARTING -> RUNNING once every rank is registered
+    notices: Notices  # a job failed by its give-ups is e-mailed
 
     # ------------------------------------------------------------- completion
     def on_started(self, job: Job) -> bool:
@@ -127,8 +149,9 @@ class QueueLaunches:
 
     def abort(self, job: Job, kind: FailureKind, reason: str, *, given_up: bool = False) -> str:
         """End the launch short: requeued (INSUFFICIENT_RESOURCES, or ``given_up``: the sweep's
-        give-up, only while the job is still STARTING) or failed; never once it is complete. Its
-        started ranks stopped (the intent in the same write, sent at once)."""
+        give-up, only while the job is still STARTING) or failed (the ``LAUNCH_GIVE_UP_LIMIT``-th
+        give-up in a row too); never once it is complete. Its started ranks stopped (the intent in
+        the same write, sent at once)."""
         from gpu_recovery.queue.admission import FailureKind, backoff_seconds  # as on_started's import
         from gpu_recovery.queue.attempts import with_entry
 
@@ -140,7 +163,11 @@ class QueueLaunches:
                  "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
         attempts = with_entry(item.get("attempts"), entry)
         stop_why = f"launch of attempt {job.attempt} failed ({kind.value})"
-        if kind is FailureKind.INSUFFICIENT_RESOURCES or given_up:
+        give_ups = int(item.get(LAUNCH_GIVE_UPS) or 0) + 1 if given_up else None
+        if give_ups is not None and give_ups >= LAUNCH_GIVE_UP_LIMIT:
+            applied = self._fail_given_up(job, give_ups, kind, reason, attempts, stop_why)
+            action = "failed"
+        elif kind is FailureKind.INSUFFICIENT_RESOURCES or given_up:
             failures = int(item.get("resource_failures", 0)) + 1
             delay = backoff_seconds(failures)
             ordered = relocated_queue_order if (item.get("launch") or {}).get("relocated") else queue_order
@@ -148,7 +175,7 @@ class QueueLaunches:
             applied = self.store.requeue_after_failed_launch(
                 job.job_id, job.attempt, reason=f"start failed ({kind.value}): {reason}; retry in {delay} s",
                 queue_order=order, not_before=now + delay, resource_failures=failures, attempts=attempts,
-                stop_why=stop_why, given_up=given_up)
+                stop_why=stop_why, given_up=given_up, give_ups=give_ups)
             action = "requeued"
         else:
             applied = self.store.fail_launch(job.job_id, job.attempt,
@@ -180,6 +207,25 @@ class QueueLaunches:
                 self.store.cancel_unlaunched(job.job_id, "canceled before any rank of the launch was running")
         return action if applied else "raced"
 
+    def _fail_given_up(self, job: Job, give_ups: int, kind: FailureKind, why: str,
+                       attempts: list[dict[str, Any]], stop_why: str) -> bool:
+        """The job's launches given up ``give_ups`` times in a row: FAILED (only while it is still
+        STARTING and not complete, as the give-up's requeue), its owner and operators e-mailed
+        (owed in the same write, sent after it: a redelivered sweep loses the write and owes
+        nothing)."""
+        reason = f"launch did not complete {give_ups} times in a row: {GIVE_UP_CAUSES} (this attempt: {why})"
+        notice = self.notices.for_job(
+            replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
+            "Job failed: its launch never completed", what_happened=reason, what_was_done="Job marked FAILED",
+            operator_action=GIVE_UP_ACTION)
+        if not self.store.fail_launch(job.job_id, job.attempt, reason=reason, failure_kind=kind.value,
+                                      attempts=attempts, stop_why=stop_why, give_ups=give_ups,
+                                      owed=self.notices.owe([notice])):
+            return False
+        self.notices.send([notice])
+        job_failed(self.gang.metrics, self.store.repo, job.job_id)
+        return True
+
     def _live_ranks(self, job: Job) -> bool:
         return any(r.attempt == job.attempt and r.is_live for r in self.gang.data.get_rank_range(
             job.job_id, 0, job.world_size))
@@ -205,7 +251,8 @@ class QueueLaunches:
 
             why = f"launch did not complete after {int(now - claimed_at)} s"
             action = self.abort(job, FailureKind.UNKNOWN, why, given_up=True)
-            return "launch_given_up" if action == "requeued" else "launch_moved_on"
+            return {"requeued": "launch_given_up", "failed": "launch_given_up_failed"}.get(
+                action, "launch_moved_on")
         action = "launch_waiting"
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
         if is_launch(job) and (not sent_at or now >= sent_at + RESEND_AFTER_SECONDS):

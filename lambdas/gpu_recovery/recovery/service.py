@@ -122,7 +122,7 @@ class RecoveryService:
                                     suspension_items, policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
         self.launches = QueueLaunches(repo.jobs, scheduling, repo.latches, repo.deadlines, self.gang,
-                                      self.restarts)
+                                      self.restarts, notices)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
         gate = NodeActionGate(repo.breaker, ecs, notices, metrics=self._metrics, settings=settings)
         cordons = Cordons(repo.instances, ecs, notices, gate, metrics=self._metrics, reactions=reactions)

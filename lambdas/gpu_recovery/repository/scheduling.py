@@ -47,6 +47,9 @@ _STARTED = sorted(STARTED_JOB_STATES, key=lambda s: s.value)
 _WAITING = sorted(WAITING_JOB_STATES, key=lambda s: s.value)
 # An abort's condition: the launch is not complete (a complete launch is never ended short).
 _NOT_LAUNCHED = "attribute_not_exists(#la)"
+# A job's consecutive given-up launches (the sweep's give-up of a launch that never completed):
+# back to 0 when a launch completes; a placement failure leaves it as it is.
+LAUNCH_GIVE_UPS = "launch_give_ups"
 
 
 def aborted_launch_stopping(item: Mapping[str, Any]) -> bool:
@@ -272,8 +275,8 @@ class SchedulingRepository:
         went into recovery meanwhile."""
         return self.db.apply(Update(
             table=self.table, key={JOB_PK: job_item_key(job_id)},
-            set_fields={"launched_at": now, "resource_failures": 0, "attempts": list(attempts),
-                        "updated_at": now},
+            set_fields={"launched_at": now, "resource_failures": 0, LAUNCH_GIVE_UPS: 0,
+                        "attempts": list(attempts), "updated_at": now},
             condition="#a = :a AND attribute_not_exists(#la) AND ((#s = :starting "
                       "AND (attribute_not_exists(#sf) OR #sf.#sa = :a)) OR #s = :running)",
             condition_values={":a": attempt, ":starting": JobState.STARTING.value,
@@ -285,37 +288,45 @@ class SchedulingRepository:
     def requeue_after_failed_launch(self, job_id: str, attempt: int, *, reason: str, queue_order: str,
                                     not_before: float, resource_failures: int,
                                     attempts: Sequence[Mapping[str, Any]], stop_why: str = "",
-                                    given_up: bool = False) -> bool:
+                                    given_up: bool = False, give_ups: int | None = None) -> bool:
         """Back to PENDING_RESOURCES at its original queue position, after a back-off.
         From RUNNING too (a rank not placed: the launch is aborted whatever rank 0 does), never
         once the launch is complete (``launched_at``). ``given_up`` (the sweep's give-up of a
         launch that did not complete in time): only while the job is still STARTING, so a launch
-        completing under the give-up's read is not ended. ``stop_why``: the intent to stop the
-        ranks the launch started, in the same write (the job is not admitted again until it ends:
-        the recovery sweep drives it)."""
+        completing under the give-up's read is not ended; ``give_ups``: the job's consecutive
+        given-up launches, this one included (``launch_give_ups``, None: left as it is). ``stop_why``:
+        the intent to stop the ranks the launch started, in the same write (the job is not admitted
+        again until it ends: the recovery sweep drives it)."""
         now = clock.now()
+        counted = {} if give_ups is None else {LAUNCH_GIVE_UPS: give_ups}
         return self.db.apply(self.repo.job_transition(
             job_id, JobState.PENDING_RESOURCES, from_states=[JobState.STARTING] if given_up else _STARTED,
             attempt=attempt, reason=reason, actor="scheduler",
             set_fields={QUEUE_PK: QUEUE_BUCKET, QUEUE_SK: queue_order, "not_before": not_before,
-                        "resource_failures": resource_failures, "attempts": list(attempts),
+                        "resource_failures": resource_failures, "attempts": list(attempts), **counted,
                         "last_error": reason[:1000], **self._stop_fields(attempt, stop_why, now)},
             remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
             extra_condition=_NOT_LAUNCHED, extra_names={"#la": "launched_at"},
         ))
 
     def fail_launch(self, job_id: str, attempt: int, *, reason: str, failure_kind: str,
-                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "") -> bool:
-        """FAILED (a user error): from RUNNING too, never once the launch is complete."""
+                    attempts: Sequence[Mapping[str, Any]], stop_why: str = "", give_ups: int | None = None,
+                    owed: Sequence[Update] = ()) -> bool:
+        """FAILED (a user error): from RUNNING too, never once the launch is complete. A launch
+        given up once too often (``give_ups``: the job's consecutive given-up launches, this one
+        included): only while the job is still STARTING, as the give-up's requeue. ``owed``: the
+        e-mails that report it (the notice outbox), in the same transaction."""
         now = clock.now()
-        return self.db.apply(self.repo.job_transition(
-            job_id, JobState.FAILED, from_states=_STARTED, attempt=attempt,
-            reason=reason, actor="scheduler",
-            set_fields={"attempts": list(attempts), "last_error": reason[:1000],
+        counted = {} if give_ups is None else {LAUNCH_GIVE_UPS: give_ups}
+        failed = self.repo.job_transition(
+            job_id, JobState.FAILED, from_states=_STARTED if give_ups is None else [JobState.STARTING],
+            attempt=attempt, reason=reason, actor="scheduler",
+            set_fields={"attempts": list(attempts), "last_error": reason[:1000], **counted,
                         "failure_kind": failure_kind, **self._stop_fields(attempt, stop_why, now)},
             remove_fields=["launch_claimed_at", "start_fanout", *([] if stop_why else DEADLINE_ATTRIBUTES)],
             extra_condition=_NOT_LAUNCHED, extra_names={"#la": "launched_at"},
-        ))
+        )
+        return self.db.transact([failed, *owed])
 
     def _stop_fields(self, attempt: int, why: str, now: float) -> dict[str, Any]:
         """An aborted launch's stop intent (``aborted_launch``: it ends once every rank the
