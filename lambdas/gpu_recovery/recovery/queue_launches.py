@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # A launch not complete after this many resends of its intent (and one more per 256 ranks) is
-# given up (requeued).
+# given up (requeued; the job failed at its LAUNCH_GIVE_UP_LIMIT-th give-up in a row).
 MAX_LAUNCH_RESENDS = 3
 # A job whose launch is given up this many times in a row (no launch of it completed between) is
 # FAILED at that give-up rather than requeued: only lack of resources is retried silently.
@@ -242,7 +242,8 @@ class QueueLaunches:
             return "launch_moved_on"
         now = clock.now()
         # A launch that never completes (its StartTasks failing over and over) ends: requeued,
-        # with a back-off, as a placement failure (the job may run later). Only while it is still
+        # with a back-off, as a placement failure (the job may run later), or failed once its
+        # launches were given up LAUNCH_GIVE_UP_LIMIT times in a row. Only while it is still
         # STARTING and not complete (in the write: a launch completing meanwhile runs on).
         claimed_at = float(job.start_fanout.get("at") or now)
         give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
