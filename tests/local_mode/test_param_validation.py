@@ -14,7 +14,6 @@ from typing import Any
 import boto3
 import botocore.session
 import pytest
-from botocore import validate as botocore_validate
 from botocore.model import ShapeResolver
 from botocore.validate import ParamValidator
 
@@ -85,8 +84,8 @@ def test_every_operation_of_the_big_models_validates_as_botocore(compiled: Any, 
 
 
 def test_whole_flows_validate_as_botocore(compiled: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every request the clients and the in-memory DynamoDB store validate in two flows, by the
-    compiled validator and by its reporting walk alone (valid requests skip it)."""
+    """Every request the clients and the in-memory DynamoDB store validate in two flows: the same
+    report, and each valid one answered by the compiled check alone."""
     checked: list[str] = []
     compared: list[str] = []
     root_check = param_validation._root_check
@@ -99,10 +98,7 @@ def test_whole_flows_validate_as_botocore(compiled: Any, monkeypatch: pytest.Mon
         expected = compiled(self, params, shape)
         report = param_validation.validate(self, params, shape)
         assert _errors(report) == _errors(expected) and report.generate_report() == expected.generate_report()
-        assert root_check(shape).ok(params) is not expected.has_errors()  # the walk that reports nothing
-        walked = botocore_validate.ValidationErrors()  # and the reporting one, on real requests
-        root_check(shape).check(params, walked, "")
-        assert _errors(walked) == _errors(expected)
+        assert root_check(shape)(params) is not expected.has_errors()  # valid: never botocore's walk
         compared.append(shape.name)
         return expected
 
@@ -181,8 +177,9 @@ def test_a_changed_or_derived_validator_runs_botocore_s_own(compiled: Any,
 
 
 def test_checks_are_kept_per_shape_definition(compiled: Any) -> None:
-    """Two clients' models (two sessions, one data loader) share the checks of an operation;
-    another definition of the same name does not."""
+    """Two clients' models (two sessions, one data loader) share the check of an operation;
+    another definition of the same name does not. A report names the shape objects of the model
+    validated against, not those of the model compiled from."""
     first, second = (boto3.session.Session(region_name="us-east-1").client("sqs") for _ in range(2))
     shapes = [client.meta.service_model.operation_model("SendMessage").input_shape
               for client in (first, second)]
@@ -194,6 +191,19 @@ def test_checks_are_kept_per_shape_definition(compiled: Any) -> None:
     assert param_validation._root_check(other) is not param_validation._root_check(shapes[0])
     missing = 'Missing required parameter in input: "Body"'
     assert ParamValidator().validate({}, other).generate_report() == missing
+
+
+def test_a_report_names_the_shapes_of_the_model_validated_against(compiled: Any) -> None:
+    """The check is compiled from one client's model and shared: a report (a tagged union's
+    names its member shapes) is still made with the objects of the model given."""
+    registers = [boto3.session.Session(region_name="us-east-1").client("ecs").meta.service_model
+                 .operation_model("RegisterTaskDefinition").input_shape for _ in range(2)]
+    assert param_validation._root_check(registers[0]) is param_validation._root_check(registers[1])
+    accepted = valid(registers[1])
+    refused = 0
+    for params in variants(registers[1], accepted):
+        refused += _assert_same(compiled, params, registers[1]).has_errors()
+    assert refused > 500
 
 
 def test_a_kept_check_of_a_freed_definition_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
