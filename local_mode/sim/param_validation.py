@@ -10,7 +10,9 @@ on the shape only, so each input shape is compiled once into a predicate ``ok(pa
 ``range_check`` has it), a structure's required members, union flag and members, a list's
 fast scalar case (``_shape_has_constraints``), documents, json-value headers... Each branch
 below is one of botocore/validate.py's, and is true exactly when botocore's reports nothing
-there (the same values compared in the same order, so what raises raises alike). When ``ok``
+there (the same values compared in the same order, so what raises raises alike, but for
+Python's recursion limit: the walk takes fewer frames a level than botocore's, which raises
+RecursionError from ~200 nested levels; DynamoDB itself refuses more than 32). When ``ok``
 holds, the answer is an empty ``ValidationErrors``; when it does not, botocore's own walk
 makes the report (so its errors, their order, the shape objects they name and the report
 text are botocore's, for this model's objects). Child shapes are compiled on first use
@@ -41,7 +43,7 @@ from botocore.validate import ParamValidator
 #: sha256 of the botocore code the checkers mirror (botocore 1.44.8, :func:`_mirrored_code`);
 #: another source: not installed
 _EXPECTED_SOURCE = "83d72703805cc39b290fd36c31c0e886795dee5c9fef24f11ecf5619806860f5"
-_CACHE_LIMIT = 4096  # compiled input shapes kept; past it, compiled per call
+_CACHE_LIMIT = 4096  # compiled input shapes kept; past it, botocore's own walk validates
 _lock = threading.Lock()
 _originals: dict[str, Any] = {}
 
@@ -276,10 +278,11 @@ def _root_check(shape: Any) -> Ok:
     kept = _compiled.get(key)
     if kept is not None and kept[0] is definition and kept[1] is shape_map:
         return kept[2]
+    if len(_compiled) >= _CACHE_LIMIT:  # compiling per call would cost more than botocore's walk
+        return _never_ok
     compiled = compile_shape(shape)
-    if len(_compiled) < _CACHE_LIMIT:
-        with _lock:
-            _compiled[key] = (definition, shape_map, compiled)
+    with _lock:
+        _compiled[key] = (definition, shape_map, compiled)
     return compiled
 
 

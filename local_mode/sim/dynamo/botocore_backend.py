@@ -123,7 +123,7 @@ class StoreTransport:
         """What the client's ``events.emit`` (``emit_until_response``) does: the aliased event's
         handlers from botocore's own lookup cache (emptied by every register and unregister, so
         never stale), called in its order with the same arguments, without its two wrapper
-        calls and a debug log line per handler (~1 % of a crash campaign's armed CPU: six events,
+        calls and a debug log line per handler (~0.6 % of a crash campaign's armed CPU: six events,
         23 handlers a call). With that log on, or an event not looked up yet, botocore emits."""
         emitter = self._emitter
         handlers = aliased = None
