@@ -485,9 +485,9 @@ def install_emulator_speedups() -> None:
 def _compile_param_validation() -> None:
     """botocore validates every request's parameters (each client's and the in-memory DynamoDB
     store's) by walking them along the input shape with per-value dispatch: ~7.5 % of a crash
-    campaign's broken run. local_mode/sim/param_validation.py compiles each shape's checks once
-    (same errors, same order, same report); installed only over the botocore code it was copied
-    from (its source pinned), once a process. Idempotent."""
+    campaign's broken run. local_mode/sim/param_validation.py compiles once per shape whether
+    botocore would report nothing (when it would, botocore's own walk reports); installed only
+    over the botocore code it was copied from (its source pinned), once a process. Idempotent."""
     if _param_validation_tried:
         return
     _param_validation_tried.append(True)
