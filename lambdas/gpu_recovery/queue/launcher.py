@@ -39,7 +39,7 @@ from gpu_recovery.adapters.task_definitions import TaskDefinitionNotFound
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import container_instance_id
 from gpu_recovery.queue.admission import FailureKind, queued_relocated
-from gpu_recovery.queue.attempts import last_suspend, relocation_record, with_entry
+from gpu_recovery.queue.attempts import last_suspend, relocation_record
 from gpu_recovery.recovery.launch_templates import DEFAULT_MASTER_PORT, LaunchSpec
 from gpu_recovery.repository import from_ddb
 from gpu_recovery.repository.scheduling import SchedulingRepository
@@ -73,6 +73,9 @@ class StartsRanks(Protocol):
     (``recovery.RecoveryService.start_ranks``)."""
 
     def start_ranks(self, job_id: str) -> object: ...
+
+    def fail_unstarted(self, job_id: str, attempt: int, why: str) -> bool:
+        """The claimed attempt FAILED before any start (USER_ERROR), e-mailed; False: raced."""
 
 
 def first_essential_container(td: Mapping[str, Any]) -> str:
@@ -199,7 +202,7 @@ class Launcher:
             return LaunchOutcome(job_id, "raced", attempt,
                                  reason="claim lost: canceled, taken, lease lost or quota full")
         if user_error:
-            return self._fail(job_id, attempt, item, now, user_error)
+            return self._fail(job_id, attempt, user_error)
         try:
             self.starts.start_ranks(job_id)
         except Exception as error:
@@ -218,15 +221,11 @@ class Launcher:
         logger.info("job launched", extra={"job_id": job_id, "attempt": attempt})
         return LaunchOutcome(job_id, "launched", attempt)
 
-    def _fail(self, job_id: str, attempt: int, item: Mapping[str, Any], now: float,
-              reason: str) -> LaunchOutcome:
-        """A task definition the job cannot start with: FAILED, never retried (nothing started)."""
+    def _fail(self, job_id: str, attempt: int, reason: str) -> LaunchOutcome:
+        """A task definition the job cannot start with: FAILED, never retried (nothing started),
+        its owner and operators e-mailed (the recovery's ``fail_unstarted``)."""
         kind = FailureKind.USER_ERROR
-        entry = {"attempt": attempt, "started_at": now, "ended_at": now, "outcome": "START_FAILED",
-                 "failure_kind": kind.value, "reason": reason[:500]}
-        attempts = with_entry(item.get("attempts"), entry)
-        applied = self.store.fail_launch(job_id, attempt, reason=f"start failed ({kind.value}): {reason}",
-                                         failure_kind=kind.value, attempts=attempts)
+        applied = self.starts.fail_unstarted(job_id, attempt, reason)
         logger.warning("launch failed", extra={"job_id": job_id, "attempt": attempt, "kind": kind.value,
                                                "reason": reason})
         return LaunchOutcome(job_id, "failed" if applied else "raced", attempt, kind=kind.value,

@@ -7,9 +7,11 @@
 * a rank not placed (``RankNotPlaced``): the launch is aborted. A placement failure
   (``RESOURCE:GPU``, a node gone ...) is INSUFFICIENT_RESOURCES: the job goes back to
   PENDING_RESOURCES at its original (a relocated job's ahead of its priority) queue order, after
-  a back-off (60 s doubling to 10 min); anything else fails it. The abort's transition commits
-  the intent to stop the ranks already started (``stop_fanout``): the stop fan-out stops them and
-  the sweep drives it to its end; the job is not admitted again before.
+  a back-off (60 s doubling to 10 min); anything else fails it (FAILED and e-mailed, as a job
+  whose claim found its task definition unusable: :meth:`QueueLaunches.fail_unstarted`). The
+  abort's transition commits the intent to stop the ranks already started (``stop_fanout``): the
+  stop fan-out stops them and the sweep drives it to its end; the job is not admitted again
+  before.
 * the sweep (:meth:`QueueLaunches.resume`): a launch whose ranks are all registered is
   completed (their events lost); one whose intent was never sent (its tick died) or has not
   finished after a while is sent again (batches skip what is done); one still not complete
@@ -67,6 +69,10 @@ GIVE_UP_ACTION = ("Look at the recovery sweep's and the gang worker's logs for t
                   "refused or throttled, a start that died) and at ECS's health and StartTask throttling "
                   "in the cluster's region; then resubmit the job (gpujobs submit).")
 
+# A launch failed by its start (a task definition or image the job cannot start with: USER_ERROR).
+START_FAILED_HEADLINE = "Job failed: its ranks could not start"
+START_FAILED_ACTION = ("The reason names what ECS refused (the task definition, its image, an override): "
+                       "fix it in the job's task definition, then resubmit the job (gpujobs submit).")
 
 class LaunchInterrupted(Exception):
     """A launch's StartTask failed with a transient error: nothing decided, tried again later."""
@@ -96,7 +102,7 @@ class QueueLaunches:
     deadlines: RearmsJob
     gang: GangOps
     restarts: GangRestart  # STARTING -> RUNNING once every rank is registered
-    notices: Notices  # a job failed by its give-ups is e-mailed
+    notices: Notices  # a job a launch fails is e-mailed
 
     # ------------------------------------------------------------- completion
     def on_started(self, job: Job) -> bool:
@@ -178,9 +184,8 @@ class QueueLaunches:
                 stop_why=stop_why, given_up=given_up, give_ups=give_ups)
             action = "requeued"
         else:
-            applied = self.store.fail_launch(job.job_id, job.attempt,
-                                             reason=f"start failed ({kind.value}): {reason}",
-                                             failure_kind=kind.value, attempts=attempts, stop_why=stop_why)
+            applied = self._fail_told(job, kind, f"start failed ({kind.value}): {reason}", attempts, stop_why,
+                                      headline=START_FAILED_HEADLINE, action=START_FAILED_ACTION)
             action = "failed"
         if applied:
             self.gang.metrics.add_metric("LaunchesAborted", "Count", 1)
@@ -210,14 +215,38 @@ class QueueLaunches:
     def _fail_given_up(self, job: Job, give_ups: int, kind: FailureKind, why: str,
                        attempts: list[dict[str, Any]], stop_why: str) -> bool:
         """The job's launches given up ``give_ups`` times in a row: FAILED (only while it is still
-        STARTING and not complete, as the give-up's requeue), its owner and operators e-mailed
-        (owed in the same write, sent after it: a redelivered sweep loses the write and owes
-        nothing)."""
+        STARTING and not complete, as the give-up's requeue), told (``_fail_told``)."""
         reason = f"launch did not complete {give_ups} times in a row: {GIVE_UP_CAUSES} (this attempt: {why})"
+        return self._fail_told(job, kind, reason, attempts, stop_why, give_ups=give_ups,
+                               headline="Job failed: its launch never completed", action=GIVE_UP_ACTION)
+
+    def fail_unstarted(self, job_id: str, attempt: int, why: str) -> bool:
+        """The scheduler's claim of attempt ``attempt`` found the job's task definition unusable
+        (unknown, INACTIVE): FAILED before any rank started (USER_ERROR, never retried), told."""
+        from gpu_recovery.queue.admission import FailureKind  # as on_started's import
+        from gpu_recovery.queue.attempts import with_entry
+
+        job = self.data.get_job(job_id)
+        item = self.store.job_item(job_id) or {}
+        if job is None or job.attempt != attempt or int(item.get("attempt") or 0) != attempt:
+            return False
+        now = clock.now()
+        kind = FailureKind.USER_ERROR
+        entry = {"attempt": attempt, "started_at": now, "ended_at": now, "outcome": "START_FAILED",
+                 "failure_kind": kind.value, "reason": why[:500]}
+        return self._fail_told(job, kind, f"start failed ({kind.value}): {why}",
+                               with_entry(item.get("attempts"), entry), "",
+                               headline=START_FAILED_HEADLINE, action=START_FAILED_ACTION)
+
+    def _fail_told(self, job: Job, kind: FailureKind, reason: str, attempts: list[dict[str, Any]],
+                   stop_why: str, *, headline: str, action: str, give_ups: int | None = None) -> bool:
+        """A launch that fails its job: FAILED, its started ranks' stop intent (``stop_why``) and
+        the owner's and operators' e-mail owed in the same write, sent after it (a redelivery that
+        loses the write owes nothing), the job's Failures and goodput counted. Every launch that
+        fails a job ends here: no job fails silently."""
         notice = self.notices.for_job(
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
-            "Job failed: its launch never completed", what_happened=reason, what_was_done="Job marked FAILED",
-            operator_action=GIVE_UP_ACTION)
+            headline, what_happened=reason, what_was_done="Job marked FAILED", operator_action=action)
         if not self.store.fail_launch(job.job_id, job.attempt, reason=reason, failure_kind=kind.value,
                                       attempts=attempts, stop_why=stop_why, give_ups=give_ups,
                                       owed=self.notices.owe([notice])):

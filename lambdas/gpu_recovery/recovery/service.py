@@ -306,6 +306,10 @@ class RecoveryService:
         job = self.repo.jobs.get_job(job_id)
         return job is None or bool(self.gang.start(job))
 
+    def fail_unstarted(self, job_id: str, attempt: int, why: str) -> bool:
+        """A claimed queue launch whose task definition is unusable: FAILED, e-mailed (the tick's)."""
+        return self.launches.fail_unstarted(job_id, attempt, why)
+
     def stop_gang(self, job_id: str) -> bool:
         """Send the job's stop intent (the jobs API's cancel commits it)."""
         job = self.repo.jobs.get_job(job_id)
