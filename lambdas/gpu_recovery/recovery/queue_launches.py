@@ -49,6 +49,7 @@ from gpu_recovery.recovery.gang_restart import RESEND_AFTER_SECONDS, GangRestart
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.latches import LatchRepository
+from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.scheduling import LAUNCH_GIVE_UPS, SchedulingRepository
 
 if TYPE_CHECKING:
@@ -226,10 +227,10 @@ class QueueLaunches:
         from gpu_recovery.queue.admission import FailureKind  # as on_started's import
         from gpu_recovery.queue.attempts import with_entry
 
-        job = self.data.get_job(job_id)
-        item = self.store.job_item(job_id) or {}
-        if job is None or job.attempt != attempt or int(item.get("attempt") or 0) != attempt:
+        item = self.store.job_item(job_id)
+        if item is None or int(item.get("attempt") or 0) != attempt:
             return False
+        job = job_from_item(item)
         now = clock.now()
         kind = FailureKind.USER_ERROR
         entry = {"attempt": attempt, "started_at": now, "ended_at": now, "outcome": "START_FAILED",
