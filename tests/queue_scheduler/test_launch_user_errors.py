@@ -85,6 +85,8 @@ def test_a_start_task_refused_for_the_jobs_overrides_fails_it_told_why(qc, monke
     assert qc.state(job) is JobState.FAILED and qc.live_tasks(job) == []
     [mail] = _failed_emails(qc, job)
     assert "Job failed: its ranks could not start" in mail["message"] and message in mail["message"]
+    what_to_do = mail["message"].split("What to do:", 1)[1]
+    assert "task definition" in what_to_do and command_mentions_problems(what_to_do) == []
     assert recorded.names.count("Failures") == 1
 
 

@@ -70,10 +70,14 @@ GIVE_UP_ACTION = ("Look at the recovery sweep's and the gang worker's logs for t
                   "refused or throttled, a start that died) and at ECS's health and StartTask throttling "
                   "in the cluster's region; then resubmit the job (gpujobs submit).")
 
-# A launch failed by its start (a task definition or image the job cannot start with: USER_ERROR).
+# A launch failed by its start: what its e-mail says, and what to do (by the failure's kind).
 START_FAILED_HEADLINE = "Job failed: its ranks could not start"
-START_FAILED_ACTION = ("The reason names what ECS refused (the task definition, its image, an override): "
-                       "fix it in the job's task definition, then resubmit the job (gpujobs submit).")
+USER_ERROR_ACTION = ("The reason names what ECS refused (the task definition, its image, an override, an "
+                     "attribute no node offers): fix it in the job's task definition, then resubmit the job "
+                     "(gpujobs submit).")
+START_REFUSED_ACTION = ("The reason quotes why ECS did not place the rank: look at the node it names and at "
+                        "the job's task definition, then resubmit the job (gpujobs submit).")
+
 
 class LaunchInterrupted(Exception):
     """A launch's StartTask failed with a transient error: nothing decided, tried again later."""
@@ -185,8 +189,9 @@ class QueueLaunches:
                 stop_why=stop_why, given_up=given_up, give_ups=give_ups)
             action = "requeued"
         else:
+            action_text = USER_ERROR_ACTION if kind is FailureKind.USER_ERROR else START_REFUSED_ACTION
             applied = self._fail_told(job, kind, f"start failed ({kind.value}): {reason}", attempts, stop_why,
-                                      headline=START_FAILED_HEADLINE, action=START_FAILED_ACTION)
+                                      headline=START_FAILED_HEADLINE, action=action_text)
             action = "failed"
         if applied:
             self.gang.metrics.add_metric("LaunchesAborted", "Count", 1)
@@ -237,7 +242,7 @@ class QueueLaunches:
                  "failure_kind": kind.value, "reason": why[:500]}
         return self._fail_told(job, kind, f"start failed ({kind.value}): {why}",
                                with_entry(item.get("attempts"), entry), "",
-                               headline=START_FAILED_HEADLINE, action=START_FAILED_ACTION)
+                               headline=START_FAILED_HEADLINE, action=USER_ERROR_ACTION)
 
     def _fail_told(self, job: Job, kind: FailureKind, reason: str, attempts: list[dict[str, Any]],
                    stop_why: str, *, headline: str, action: str, give_ups: int | None = None) -> bool:
