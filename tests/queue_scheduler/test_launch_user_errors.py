@@ -142,3 +142,29 @@ def test_the_user_errors_failure_with_each_of_its_calls_broken_still_fails_the_j
             finally:
                 gen.close()
     assert wrong == []
+
+
+def test_the_deployed_scheduler_function_fails_and_tells_with_the_calls_its_role_grants():
+    """Given the simulated deployment (the scheduler function on its schedule, each function's
+    calls held to its role's grants) and a queued job whose task definition was deregistered
+    after the submit
+    When the scheduler function runs
+    Then the job is FAILED and its `failed` e-mail is sent, every call granted by the scheduler
+    function's own role (the e-mail's publish and outbox update are new calls of that function)."""
+    from local_mode.campaigns.runner import mails
+    from local_mode.world import build_world
+
+    with build_world(dynamodb="memory") as world:
+        sim = world.ecs
+        world.schedule_queue_scheduler(60)
+        for node in ("node-a", "node-b"):
+            sim.add_node(node, gpus=8)
+        td = sim.register_training_task_definition("retired", gpus=8)
+        spec = {"name": "retired", "task_definition": td, "nnodes": 2, "gpus_per_node": 8}
+        job = world.submit_queue_job(spec, "alice")
+        world.aws.client("ecs").deregister_task_definition(taskDefinition=td)
+        sim.run_for(3 * 60)
+        found = world.repo.jobs.get_job(job)
+        assert found is not None and found.state is JobState.FAILED
+        assert mails(world.aws) == [("failed", job)]
+        assert world.aws.grants is not None and world.aws.grants.denials == []
