@@ -20,9 +20,10 @@ again (batches skip what is done, a rank's lease taken over looks its task up by
 first). No rank is ever started twice.
 
 Before the claim: the task definition is described (cached); an unknown or INACTIVE one is
-USER_ERROR (the job is claimed and FAILED, never retried); a throttled or failed lookup skips
-the job this tick. AWS is reached through the adapters ``runtime.queue_scheduler`` builds
-(``TaskDefinitions``, ``HostAddresses``).
+USER_ERROR (the job is claimed and FAILED, never retried, its owner and operators e-mailed:
+``recovery.queue_launches``); a throttled or failed lookup skips the job this tick. AWS is
+reached through the adapters ``runtime.queue_scheduler`` builds (``TaskDefinitions``,
+``HostAddresses``).
 """
 
 from __future__ import annotations
