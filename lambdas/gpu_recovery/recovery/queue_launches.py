@@ -79,6 +79,16 @@ START_REFUSED_ACTION = ("The reason quotes why ECS did not place the rank: look 
                         "the job's task definition, then resubmit the job (gpujobs submit).")
 
 
+def _start_failed(item: dict[str, Any], attempt: int, kind: FailureKind, reason: str,
+                  now: float) -> list[dict[str, Any]]:
+    """The job's attempt records with ``attempt`` ended START_FAILED now (started at its claim)."""
+    from gpu_recovery.queue.attempts import with_entry  # as on_started's import
+
+    entry = {"attempt": attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
+             "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
+    return with_entry(item.get("attempts"), entry)
+
+
 class LaunchInterrupted(Exception):
     """A launch's StartTask failed with a transient error: nothing decided, tried again later."""
 
@@ -164,15 +174,12 @@ class QueueLaunches:
         give-up in a row too); never once it is complete. Its started ranks stopped (the intent in
         the same write, sent at once)."""
         from gpu_recovery.queue.admission import FailureKind, backoff_seconds  # as on_started's import
-        from gpu_recovery.queue.attempts import with_entry
 
         item = self.store.job_item(job.job_id) or {}
         if int(item.get("attempt") or 0) != job.attempt:
             return "raced"
         now = clock.now()
-        entry = {"attempt": job.attempt, "started_at": item.get("launch_claimed_at", now), "ended_at": now,
-                 "outcome": "START_FAILED", "failure_kind": kind.value, "reason": reason[:500]}
-        attempts = with_entry(item.get("attempts"), entry)
+        attempts = _start_failed(item, job.attempt, kind, reason, now)
         stop_why = f"launch of attempt {job.attempt} failed ({kind.value})"
         give_ups = int(item.get(LAUNCH_GIVE_UPS) or 0) + 1 if given_up else None
         if give_ups is not None and give_ups >= LAUNCH_GIVE_UP_LIMIT:
@@ -230,18 +237,13 @@ class QueueLaunches:
         """The scheduler's claim of attempt ``attempt`` found the job's task definition unusable
         (unknown, INACTIVE): FAILED before any rank started (USER_ERROR, never retried), told."""
         from gpu_recovery.queue.admission import FailureKind  # as on_started's import
-        from gpu_recovery.queue.attempts import with_entry
 
         item = self.store.job_item(job_id)
         if item is None or int(item.get("attempt") or 0) != attempt:
             return False
-        job = job_from_item(item)
-        now = clock.now()
         kind = FailureKind.USER_ERROR
-        entry = {"attempt": attempt, "started_at": now, "ended_at": now, "outcome": "START_FAILED",
-                 "failure_kind": kind.value, "reason": why[:500]}
-        return self._fail_told(job, kind, f"start failed ({kind.value}): {why}",
-                               with_entry(item.get("attempts"), entry), "",
+        return self._fail_told(job_from_item(item), kind, f"start failed ({kind.value}): {why}",
+                               _start_failed(item, attempt, kind, why, clock.now()), "",
                                headline=START_FAILED_HEADLINE, action=USER_ERROR_ACTION)
 
     def _fail_told(self, job: Job, kind: FailureKind, reason: str, attempts: list[dict[str, Any]],
