@@ -40,9 +40,9 @@ def local(clk: ManualClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalAw
                                            BillingMode="PAY_PER_REQUEST",
                                            **table_definitions()["node_token"])
         clock.set_clock(clk)  # LocalAws leaves the clock alone on enter; be explicit
-        runtime.reset()
+        runtime.reset(clients=False)
         yield la
-        runtime.reset()
+        runtime.reset(clients=False)
 
 
 @pytest.fixture

@@ -50,6 +50,31 @@ def test_report_refreshes_ranks_and_node(world) -> None:
     assert world.node_item(NODE)["last_report_at"] == world.clock()
 
 
+def _report_calls(world, svc, node: str, *tasks: str) -> list[tuple[str, str]]:
+    """One task report and its AWS calls, (operation, site) in order."""
+    world.local.call_faults.arm(None, record_sites=True)
+    try:
+        world.report(svc, node, *tasks)
+        return [(c.operation, c.site) for c in world.local.call_faults.calls]
+    finally:
+        world.local.call_faults.disarm()
+
+
+def test_a_report_listing_no_task_reads_no_rank(world) -> None:
+    """Given a node running a job's ranks and a spare, When the spare reports no task, Then its
+    report is one write (its node item), no read of the ranks' index; When the busy node
+    reports, Then the index is read (its ranks refreshed)."""
+    world.seed_job("j1")
+    svc = world.service()
+    world.report(svc, NODE_B)  # the spare's first report registers its item
+    world.clock.advance(30)
+    assert _report_calls(world, svc, NODE_B) == [("UpdateItem", "heartbeat/service.py:_touch_node")]
+    assert world.node_item(NODE_B)["last_report_at"] == world.clock()
+    calls = _report_calls(world, svc, NODE, task_arn("j1", 0), task_arn("j1", 1))
+    assert ("Query", "heartbeat/service.py:_live_ranks_by_key") in calls
+    assert world.item("j1#0")["last_heartbeat_at"] == world.clock()
+
+
 def test_replayed_timestamp_is_rejected_without_writes(world) -> None:
     """Given an accepted report at t, When the same timestamp is sent again,
     Then ReplayedReport and the ranks' heartbeat is unchanged."""

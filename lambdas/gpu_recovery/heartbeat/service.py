@@ -128,7 +128,9 @@ class HeartbeatService:
             # Booted after the reboot request: back, even if the agent-disconnect event
             # was never seen (the recovery loop checks the ECS agent is connected).
             self._recovery().on_boot_reported(node_id, boot_time)
-        by_key = self._live_ranks_by_key(node_id)
+        # A node that lists no task (a spare, a node between jobs) has nothing to refresh: its
+        # ranks' index is not read (one Query per idle node per minute saved).
+        by_key = self._live_ranks_by_key(node_id) if tasks else {}
         done: set[str] = set()
         for task in tasks:
             item = by_key.get(task.task_arn or "") or by_key.get(f"log:{task.running_log_id}")
