@@ -35,8 +35,9 @@ EXPECTED_SUMMARY = {
 
 
 # The module's scenario is its fixture, run once per worker that takes a test: one
-# xdist group (make test runs --dist loadgroup) runs it once.
-pytestmark = pytest.mark.xdist_group("demo")
+# xdist group (make test runs --dist loadgroup) runs it once. ``long``: its ~75 s are started
+# first (tests/conftest.py), not handed out last beside a tier's few remaining tests.
+pytestmark = [pytest.mark.xdist_group("demo"), pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
