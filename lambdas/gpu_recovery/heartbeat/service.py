@@ -129,7 +129,7 @@ class HeartbeatService:
             # was never seen (the recovery loop checks the ECS agent is connected).
             self._recovery().on_boot_reported(node_id, boot_time)
         # A node that lists no task (a spare, a node between jobs) has nothing to refresh: its
-        # ranks' index is not read (one Query per idle node per minute saved).
+        # ranks' index is not read (one Query saved per report of an idle node).
         by_key = self._live_ranks_by_key(node_id) if tasks else {}
         done: set[str] = set()
         for task in tasks:
