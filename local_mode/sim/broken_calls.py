@@ -183,6 +183,18 @@ class CallFaults:
             self.forks = None
 
     @contextlib.contextmanager
+    def recording(self) -> Iterator[list[ApiCall]]:
+        """Every call made meanwhile, with its site, none broken (what a test says a step calls):
+        the list is filled when the block ends."""
+        seen: list[ApiCall] = []
+        self.arm(None, record_sites=True)
+        try:
+            yield seen
+        finally:
+            seen.extend(self.calls)
+            self.disarm()
+
+    @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Calls made meanwhile are neither counted nor broken (a client that is not the
         stack's, e.g. a user's scheduler, sharing the handlers' session)."""

@@ -52,12 +52,9 @@ def test_report_refreshes_ranks_and_node(world) -> None:
 
 def _report_calls(world, svc, node: str, *tasks: str) -> list[tuple[str, str]]:
     """One task report and its AWS calls, (operation, site) in order."""
-    world.local.call_faults.arm(None, record_sites=True)
-    try:
+    with world.local.call_faults.recording() as calls:
         world.report(svc, node, *tasks)
-        return [(c.operation, c.site) for c in world.local.call_faults.calls]
-    finally:
-        world.local.call_faults.disarm()
+    return [(c.operation, c.site) for c in calls]
 
 
 def test_a_report_listing_no_task_reads_no_rank(world) -> None:

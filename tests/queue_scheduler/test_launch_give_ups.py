@@ -293,12 +293,8 @@ def test_the_failing_give_up_with_each_of_its_calls_broken_still_fails_the_job_o
     qc = next(gen)
     try:
         job = _third_give_up_due(qc, monkeypatch)
-        qc.local.call_faults.arm(None, record_sites=True)
-        try:
+        with qc.local.call_faults.recording() as calls:
             qc.recovery.sweep()
-            calls = list(qc.local.call_faults.calls)
-        finally:
-            qc.local.call_faults.disarm()
         assert qc.state(job) is JobState.FAILED
     finally:
         gen.close()

@@ -215,13 +215,9 @@ def test_user_error_fails_the_job_without_retry(qc, broken):
 
 def _tick_calls(qc: Any, scheduler: Any) -> tuple[Any, list[tuple[str, str]]]:
     """One tick of ``scheduler`` and its AWS calls, (operation, site) in order."""
-    qc.local.call_faults.arm(None, record_sites=True)
-    try:
+    with qc.local.call_faults.recording() as calls:
         result = scheduler.tick()
-        calls = [(c.operation, c.site) for c in qc.local.call_faults.calls]
-    finally:
-        qc.local.call_faults.disarm()
-    return result, calls
+    return result, [(c.operation, c.site) for c in calls]
 
 
 def test_an_idle_tick_makes_four_calls(qc):
