@@ -122,3 +122,53 @@ def test_a_suspension_finished_by_the_sweep_ends_its_stop_intent(monkeypatch) ->
         item = w.repo.jobs.get_job_item("j")
         assert item["job_state"] == JobState.SUSPENDED.value and C.QUEUE_PK in item
         assert "stop_fanout" not in item
+
+
+def test_a_large_suspension_failed_names_a_few_unstopped_ranks_and_reads_only_those(monkeypatch) -> None:
+    """Given a preempted 12-rank job of which only ranks 0 and 1 are confirmed stopped (the other
+    ten ranks' nodes lost their agents), When the stop rounds are spent, Then the job is FAILED,
+    its reason naming eight of the ten ranks with their nodes and "2 more", the e-mail's action
+    saying the other ranks' nodes need a look too; and the failure read the rank items of the
+    eight it named, never every rank of the job (the latch's shards say which are unstopped)."""
+    with world() as w:
+        nodes = [f"node-{i:02d}" for i in range(12)]
+        arns = w.register_queue_job("j", nodes)
+        assert w.service.request_suspend("j", 1, kind=SuspendKind.PREEMPTED, reason="preempted by job h",
+                                         grace_seconds=60, actor="scheduler", by_job="h")
+        assert w.service.go_suspend("j", 0, 1).action == "suspending"
+        w.stopped_by_the_stack(arns[:2])
+        suspensions = w.service.suspensions
+        failing = [False]
+        read: list[list[int]] = []
+        fail_unstopped, numbered = suspensions.fail_unstopped, suspensions.data.get_ranks_numbered
+        every_rank = w.repo.jobs.get_ranks
+
+        def spied_fail(job):  # type: ignore[no-untyped-def]
+            failing[0] = True
+            try:
+                return fail_unstopped(job)
+            finally:
+                failing[0] = False
+
+        def spied_numbered(job_id, numbers):  # type: ignore[no-untyped-def]
+            numbers = list(numbers)
+            if failing[0]:
+                read.append(numbers)
+            return numbered(job_id, numbers)
+
+        def spied_every_rank(job):  # type: ignore[no-untyped-def]
+            assert not failing[0], "the failure read every rank of the job"
+            return every_rank(job)
+
+        monkeypatch.setattr(suspensions, "fail_unstopped", spied_fail)
+        monkeypatch.setattr(suspensions.data, "get_ranks_numbered", spied_numbered)
+        monkeypatch.setattr(w.repo.jobs, "get_ranks", spied_every_rank)
+        sweep_until_it_leaves_suspending(w, minutes=4 * 60)
+        job = w.repo.jobs.get_job("j")
+        assert job.state is JobState.FAILED
+        assert read == [list(range(2, 10))]
+        error = job.last_error
+        assert "rank 2 on node-02" in error and "rank 9 on node-09" in error and " and 2 more " in error
+        assert "rank 10 " not in error and "rank 1 " not in error
+        [mail] = w.notifier.sent
+        assert "node-02" in mail.body and "the nodes of the 2 other ranks not confirmed stopped" in mail.body

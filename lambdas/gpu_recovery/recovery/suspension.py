@@ -22,6 +22,7 @@ leaves.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 GO_SUSPEND_ROUNDS = 2
 # A finish that lost to the owner's suspend or resume (the hold changed) is read and made again.
 FINISH_ROUNDS = 3
+# A suspension failed with ranks not confirmed stopped names this many of them (and their nodes).
+NAMED_UNSTOPPED_RANKS = 8
 
 
 def _retry_after(job: Job) -> int:
@@ -65,7 +68,7 @@ class SuspensionReads(Protocol):
     latches: LatchRepository
 
     def get_job(self, job_id: str) -> Job | None: ...
-    def get_ranks(self, job: Job) -> list[Rank]: ...
+    def get_ranks_numbered(self, job_id: str, numbers: Iterable[int]) -> list[Rank]: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
 
 
@@ -186,13 +189,19 @@ class Suspensions:
         stays for the sweep to end (a deadline now). Conditional on the job still SUSPENDING
         on this attempt with its rounds spent: a last STOPPED event that finished it first wins."""
         attempt = job.attempt
-        ranks = range(job.world_size)
-        stopped = self.data.latches.arrived(job.job_id, attempt, ranks, Latch.ENDED)
-        unstopped = [r for r in self.data.get_ranks(job) if r.attempt == attempt and r.rank not in stopped]
-        names = ", ".join(f"rank {r.rank} on {r.container_inst_id or '?'}" for r in unstopped[:8]) \
-            + (f" and {len(unstopped) - 8} more" if len(unstopped) > 8 else "")
+        # The latch's shards say which ranks are not confirmed stopped; only the few named are
+        # read (every rank's item would be world_size reads in one sweep).
+        unstopped = sorted(self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size))
+        named = [r for r in self.data.get_ranks_numbered(job.job_id, unstopped[:NAMED_UNSTOPPED_RANKS])
+                 if r.attempt == attempt]
+        more = len(unstopped) - len(named)
+        names = ", ".join(f"rank {r.rank} on {r.container_inst_id or '?'}" for r in named) \
+            + (f" and {more} more" if named and more > 0 else "")
         rounds = int(job.stop_fanout.get("rounds") or 0)
-        nodes = sorted({r.container_inst_id for r in unstopped if r.container_inst_id})
+        nodes = sorted({r.container_inst_id for r in named if r.container_inst_id})
+        check = ", ".join(nodes) or "the node"
+        if named and more > 0:
+            check += f" (and the nodes of the {more} other ranks not confirmed stopped)"
         reason = (f"suspension could not be completed ({_cause(job.suspend)}): {names or 'a rank'} not "
                   f"confirmed stopped after {1 + rounds} StopTask rounds (its node lost: ECS never "
                   "reported the task STOPPED); the job cannot be resumed elsewhere (a rank still "
@@ -202,7 +211,7 @@ class Suspensions:
             replace(job, state=JobState.FAILED, last_error=reason), None, NotificationKind.FAILED,
             "Job failed: its suspension could not be completed", what_happened=reason,
             what_was_done="Job marked FAILED",
-            operator_action=(f"Check {', '.join(nodes) or 'the node'} (network, ECS agent, power): ECS "
+            operator_action=(f"Check {check} (network, ECS agent, power): ECS "
                              "stops the task once its agent reconnects. Resubmit the job (from its last "
                              "checkpoint)."))
         if not self.store.fail_unstopped(job.job_id, attempt, reason=reason, rounds=rounds, now=now,
@@ -211,7 +220,7 @@ class Suspensions:
         self.notices.send([notice])
         job_failed(self.metrics, self.data, job.job_id)
         logger.warning("suspension not completed: job failed", extra={
-            "job_id": job.job_id, "unstopped": [r.rank for r in unstopped][:20], "nodes": nodes[:20]})
+            "job_id": job.job_id, "unstopped": unstopped[:20], "nodes": nodes})
         return True
 
     def sweep(self, job: Job, now: float) -> str:

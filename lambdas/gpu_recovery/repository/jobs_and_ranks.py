@@ -82,20 +82,21 @@ class JobsAndRanks(RecoveryTables):
         item = self.db.get(self.job_table_name, {JOB_PK: rank_item_key(job_id, rank)})
         return self.rank_from_item(item) if item and is_rank_item(item) else None
 
-    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
-        """Ranks ``first`` to ``last - 1`` of a job (one batch of a fan-out), by key."""
-        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in range(first, last)]
+    def get_ranks_numbered(self, job_id: str, numbers: Iterable[int]) -> list[Rank]:
+        """The rank items of ``numbers`` that exist, by key, in rank order."""
+        keys = [{JOB_PK: rank_item_key(job_id, r)} for r in numbers]
         ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)
                  if is_rank_item(i)]
         return sorted(ranks, key=lambda r: r.rank)
 
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
+        """Ranks ``first`` to ``last - 1`` of a job (one batch of a fan-out), by key."""
+        return self.get_ranks_numbered(job_id, range(first, last))
+
     def get_ranks(self, job: Job) -> list[Rank]:
         """All rank items of a job, strongly consistent, by key (world_size items): for
         operators' views and small gangs, never per event of a large one."""
-        keys = [{JOB_PK: rank_item_key(job.job_id, r)} for r in range(job.world_size)]
-        ranks = [self.rank_from_item(i) for i in self.db.batch_get(self.job_table_name, keys)
-                 if is_rank_item(i)]
-        return sorted(ranks, key=lambda r: r.rank)
+        return self.get_ranks_numbered(job.job_id, range(job.world_size))
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]:
         """Ranks still holding GPUs on an instance (sparse index: history is never read)."""
