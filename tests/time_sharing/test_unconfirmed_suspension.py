@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain.time_sharing import SuspendKind
@@ -172,3 +173,32 @@ def test_a_large_suspension_failed_names_a_few_unstopped_ranks_and_reads_only_th
         assert "rank 10 " not in error and "rank 1 " not in error
         [mail] = w.notifier.sent
         assert "node-02" in mail.body and "the nodes of the 2 other ranks not confirmed stopped" in mail.body
+
+
+def test_a_suspension_failure_whose_read_of_the_named_ranks_is_throttled_is_finished_by_the_next_sweep(
+        monkeypatch) -> None:
+    """Given the 2-rank suspension whose rank 1 is never confirmed stopped, When the failure's read
+    of the ranks it names is throttled once (after the latch's read, before its write), Then that
+    sweep leaves the job SUSPENDING and a later sweep fails it: FAILED once, one e-mail."""
+    with world() as w:
+        arns = preempted(w)
+        w.stopped_by_the_stack(arns[:1])
+        numbered = w.repo.jobs.get_ranks_numbered
+        throttled: list[int] = []
+
+        def once_throttled(job_id, numbers):  # type: ignore[no-untyped-def]
+            if not throttled:
+                throttled.append(1)
+                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                                  "BatchGetItem")
+            throttled.append(2)
+            assert w.repo.jobs.get_job("j").state is JobState.SUSPENDING  # the throttled sweep wrote nothing
+            return numbered(job_id, numbers)
+
+        monkeypatch.setattr(w.repo.jobs, "get_ranks_numbered", once_throttled)
+        sweep_until_it_leaves_suspending(w, minutes=4 * 60)
+        assert throttled == [1, 2]
+        job = w.repo.jobs.get_job("j")
+        assert job.state is JobState.FAILED and "rank 1 on node-b" in job.last_error
+        [mail] = w.notifier.sent
+        assert mail.kind is NotificationKind.FAILED
