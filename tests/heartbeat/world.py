@@ -283,6 +283,6 @@ def charge_released(world: Any, holding: HoldingRepository, job_id: str) -> None
     from gpu_recovery.queue.time_sharing import TimeSharing
     from gpu_recovery.settings import TimeSharingSettings
 
-    sharing = TimeSharing(HeartbeatRepository(world.repo), holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+    sharing = TimeSharing(world.repo.latches, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
     assert sharing.housekeeping(world.clock())["released"] == [job_id]
     assert int(holding.quotas.get("alice", 0)["used_nodes"]) == 0

@@ -83,7 +83,7 @@ def test_a_suspension_whose_rank_is_never_confirmed_stopped_fails_the_job_once_i
         item = w.repo.jobs.get_job_item("j")
         assert "stop_fanout" not in item and C.DEADLINE_SK not in item
         assert w.ecs.stop_calls.count(arns[1]) == 1 + MAX_STOP_ROUNDS  # nothing asked again
-        sharing = TimeSharing(w.repo.jobs, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
+        sharing = TimeSharing(w.repo.latches, holding, None, TimeSharingSettings())  # type: ignore[arg-type]
         assert sharing.housekeeping(w.now[0])["released"] == ["j"]
         assert int(holding.quotas.get("alice", 10)["used_nodes"]) == 0
 

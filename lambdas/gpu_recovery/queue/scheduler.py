@@ -529,7 +529,7 @@ def build_scheduler(*, repo: Repository, ecs_adapter: SchedulerEcs, recovery: Re
     store = SchedulingRepository(repo.jobs, holding)
     lease = Lease(store, owner, config.lease_seconds)
     launcher = Launcher(recovery, task_definitions, hosts, store, lease.owner, sharing=config.sharing)
-    sharing = TimeSharing(repo.jobs, holding, recovery, config.sharing) if holding is not None else None
+    sharing = TimeSharing(repo.latches, holding, recovery, config.sharing) if holding is not None else None
     # The relay, not the metrics it points at now: each invocation points it at its own.
     drain = LedgerDrain(store, repo.jobs, ecs_adapter, recovery.launches, recovery.metrics_relay)
     return QueueScheduler(repo, store, launcher, ClusterReader(ecs_adapter), lease, config, sharing, quotas,

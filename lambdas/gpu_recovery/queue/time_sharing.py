@@ -6,8 +6,9 @@ Every tick reads the sparse holding index once (the queue jobs that hold nodes, 
 few projected attributes): a job there in a state that holds no nodes gets its charge
 released (exactly once, see ``repository.time_sharing``); a RUNNING ABOVE_NORMAL job that
 has run long enough drops to NORMAL; the rest are the running gangs preemption may
-choose from. A gang's nodes (its rank items) are read only when a blocked job of higher
-priority looks for victims.
+choose from. A gang's nodes (the nodes its ranks still hold, from its attempt's latch shards:
+``ceil(n / 64)`` items, not its rank items) are read only when a blocked job of higher priority
+looks for victims, once per tick.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.domain.models import Job, Rank
-from gpu_recovery.domain.states import HOLDING_JOB_STATES, HOLDING_RANK_STATES, JobState
+from gpu_recovery.domain.states import HOLDING_JOB_STATES, JobState
 from gpu_recovery.domain.time_sharing import (
     Priority,
     QuotaBook,
@@ -29,7 +29,6 @@ from gpu_recovery.domain.time_sharing import (
     priority_name,
 )
 from gpu_recovery.queue.planner import Step
-from gpu_recovery.repository.records import job_from_item
 from gpu_recovery.repository.time_sharing import ChargeClaim, HoldingRepository, QuotaCharge
 from gpu_recovery.settings import TimeSharingSettings
 
@@ -44,10 +43,10 @@ class SuspendPort(Protocol):
                         by_user: str = "", by_priority: int | None = None) -> bool: ...
 
 
-class RanksOfJobs(Protocol):
-    """A holding job's ranks (their nodes and GPUs), from the recovery loop's records."""
+class HeldNodes(Protocol):
+    """The nodes a gang's attempt still holds (``repository.latches``)."""
 
-    def get_ranks(self, job: Job) -> list[Rank]: ...
+    def held_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]: ...
 
 
 def subject_of(item: Mapping[str, Any]) -> str:
@@ -56,9 +55,9 @@ def subject_of(item: Mapping[str, Any]) -> str:
 
 
 class TimeSharing:
-    def __init__(self, repo: RanksOfJobs, holding: HoldingRepository, suspender: SuspendPort,
+    def __init__(self, gangs: HeldNodes, holding: HoldingRepository, suspender: SuspendPort,
                  settings: TimeSharingSettings) -> None:
-        self.repo = repo
+        self.gangs = gangs
         self.holding = holding
         self.suspender = suspender
         self.settings = settings
@@ -158,13 +157,12 @@ class TimeSharing:
         return gangs
 
     def _footprint(self, job_id: str, item: Mapping[str, Any]) -> dict[str, int]:
+        """node -> GPUs the gang's rank there holds (a queue job's gang: one rank per node)."""
         if job_id not in self._footprints:
-            attempt = int(item.get("attempt") or 0)
             gpus = int(item.get("gpus_per_node") or 0)
-            job = job_from_item({**item, "world_size": int(item.get("world_size") or 1)})
-            self._footprints[job_id] = {
-                r.container_inst_id: r.gpus or gpus for r in self.repo.get_ranks(job)
-                if r.attempt == attempt and r.state in HOLDING_RANK_STATES and r.container_inst_id}
+            nodes = self.gangs.held_nodes(job_id, int(item.get("attempt") or 0),
+                                          int(item.get("world_size") or 1))
+            self._footprints[job_id] = dict.fromkeys(sorted(nodes), gpus)
         return self._footprints[job_id]
 
     def suspend_victims(self, step: Step, preemptor: Mapping[str, Any]) -> list[str]:

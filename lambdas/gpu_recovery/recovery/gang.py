@@ -457,7 +457,7 @@ class GangOps:
             for rank in read.registered:
                 complete |= Latch.REGISTERED in repo.latches.arrive(
                     job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
-                    registered_at=rank.registered_at)
+                    node=rank.container_inst_id, registered_at=rank.registered_at)
         planned = [PlannedRank(t.rank, t.node, self._spec(t)) for t in read.planned]
         for call in plan_calls(planned, batching=self.settings.batch_identical_starts):
             todo = [read.startable[r] for r in call.ranks if r in read.startable]

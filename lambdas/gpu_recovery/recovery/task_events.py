@@ -453,7 +453,7 @@ class TaskEvents:
         arrival = repo.latches.arrive(
             job.job_id, current.attempt, job.world_size, current.rank,
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
-            suspect_node=node if suspect else "", coupled_node=node if coupled else "")
+            suspect_node=node if suspect else "", coupled_node=node if coupled else "", node=node)
         if Latch.DONE in arrival:
             detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
                 job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",

@@ -92,9 +92,6 @@ class HeartbeatRepository:
     def get_instance(self, node_id: str) -> Instance | None:
         return self.base.instances.get_instance(node_id)
 
-    def get_ranks(self, job: Job) -> list[Rank]:
-        return self.base.jobs.get_ranks(job)
-
     def live_ranks_on_instance(self, node_id: str) -> list[Rank]:
         return self.base.jobs.live_ranks_on_instance(node_id)
 

@@ -20,6 +20,7 @@ from gpu_recovery.repository.base import Update, from_ddb
 PREFLIGHT_ADDRESSES = "pfa"  # "<rank>|<address>" of the ranks whose preflight loopback reported
 COUPLED_NODES = "cpl"  # nodes whose rank's exit was coupled to the attempt's fault (domain.suspects)
 REGISTERED_AT = "reg_at"  # the whole seconds the shard's ranks were registered at (at most 64 values)
+ENDED_NODES = "end_nodes"  # the nodes of the shard's ranks that ended
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class LatchRepository:
                registered_at: float | None = None) -> Arrival:
         """Rank ``rank`` of ``attempt`` arrives at ``latches`` (and names its node a suspect of
         the attempt's fault, or one whose exit was coupled to it; registering, records its
-        ``node`` and the second it was ``registered_at``; reporting its preflight loopback, its
-        ``address``, where its groups' peers reach it). Idempotent; returns the latches
-        complete afterwards."""
+        ``node`` and the second it was ``registered_at``; ending, the ``node`` it leaves;
+        reporting its preflight loopback, its ``address``, where its groups' peers reach it).
+        Idempotent; returns the latches complete afterwards."""
         wanted = sorted(set(latches), key=lambda latch: latch.value)
         if not wanted and not suspect_node and not coupled_node:
             return Arrival()
@@ -56,6 +57,8 @@ class LatchRepository:
             adds[COUPLED_NODES] = {coupled_node}
         if node and Latch.REGISTERED in wanted:
             adds["nodes"] = {node}
+        if node and Latch.ENDED in wanted:
+            adds[ENDED_NODES] = {node}
         if registered_at and Latch.REGISTERED in wanted:
             adds[REGISTERED_AT] = {int(registered_at)}
         if address and Latch.PREFLIGHT in wanted:
@@ -105,6 +108,14 @@ class LatchRepository:
     def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
         """The nodes the attempt's registered ranks run on (read once per relocation)."""
         return self._union(job_id, attempt, world_size, "nodes")
+
+    def held_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
+        """The nodes the attempt's ranks still hold, for a job with one rank per node (a queue
+        job's gang): registered on and not ended on (``ceil(n / 64)`` items, whatever the job's
+        size). A rank's end an older release recorded without its node leaves that node counted."""
+        items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
+        return ({str(n) for item in items for n in item.get("nodes") or ()}
+                - {str(n) for item in items for n in item.get(ENDED_NODES) or ()})
 
     def _union(self, job_id: str, attempt: int, world_size: int, attribute: str) -> set[str]:
         return {str(n) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
