@@ -123,8 +123,8 @@ def _die_once_at_registered_arrival(w: World, dying_rank: int) -> list[int]:
 def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resend() -> None:
     """The start batch dies between rank 12's registration and its latch arrival. The sweep
     sends the restart's batch again after RESEND_AFTER_SECONDS (a new message: SQS counts a
-    first receive): it starts the ranks not started, rank 12 arrives then, and the restart is
-    confirmed at once, not minutes later. The goodput ledger's restart ends at the last rank's
+    first receive): it starts the ranks not started, rank 12 arrives then (with its node), and
+    the restart is confirmed at once, not minutes later. The goodput ledger's restart ends at the last rank's
     registration (the gang waits for it), not at rank 0's."""
     with world(gang_queue=True, max_app_restarts=1) as w:
         _restart_pending(w)
@@ -144,6 +144,10 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
         [confirmed] = [e for e in item["history"] if e.get("to") == JobState.RUNNING.value
                        and e.get("from") == JobState.STARTING.value]
         assert confirmed["gp"]["running_at"] == int(last.registered_at)
+        # Its arrival again records its node, as its first would have (what the attempt's nodes
+        # are read from: a relocation's, the placement holds', preemption's).
+        nodes = {w.repo.jobs.get_rank("big", r).container_inst_id for r in range(WORLD)}
+        assert w.repo.latches.job_nodes("big", 2, WORLD) == nodes
 
 
 def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> None:
