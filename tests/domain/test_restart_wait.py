@@ -30,3 +30,21 @@ def test_a_wait_is_of_one_attempt_says_which_nodes_and_why_and_ends_at_its_bound
     assert not wait.expired(2799.0) and wait.expired(2800.0)
     assert wait.timeout_reason().startswith("restart could not be placed within 1800 s")
     assert "held by task abc" in wait.timeout_reason()
+
+
+def test_a_wait_of_many_blocked_nodes_names_five_and_counts_the_rest_on_a_small_item() -> None:
+    """A restart of an 8,192-rank job whose nodes are all blocked: its wait (on the job item)
+    names the first five nodes with why and says how many there are; the item stays a few
+    hundred bytes, and reads back equal (a wait written before the count reads as its names)."""
+    blocked = {f"node-{i:05d}": "AGENT: its ECS agent is disconnected" for i in range(8192)}
+    wait = RestartWait.start(2, 1000.0, 1800, blocked)
+    assert [node for node, _ in wait.blocked] == [f"node-{i:05d}" for i in range(5)]
+    assert wait.total == 8192 and len(str(wait.to_item())) < 1000
+    assert RestartWait.from_item(wait.to_item(), 2) == wait
+    assert wait.waiting_reason().endswith("node-00004: AGENT: its ECS agent is disconnected; "
+                                          "and 8187 more node(s)")
+    older = {"attempt": 2, "since": 1000.0, "until": 2800.0, "blocked": {"node-a": "MISSING"}}
+    assert RestartWait.from_item(older, 2).total == 1  # type: ignore[union-attr]
+    now = wait.now_blocked({"node-b": "MISSING: the container instance is gone"})
+    assert now.total == 1 and now.since == wait.since and now.until == wait.until
+    assert now.timeout_reason().endswith("node-b: MISSING: the container instance is gone")

@@ -11,13 +11,14 @@ the job's fault, so none fails it at once:
   DescribeContainerInstances); a node it cannot use now is *blocked*, with the reason and,
   for a busy node, what holds it;
 * a relocatable job leaves a blocked node for a healthy free one, as it leaves a bad one;
-* otherwise the job *waits* (:class:`RestartWait` on its job item: since, until, the blocked
-  nodes and why; shown by ``gpujobs show`` / ``watch``), still PENDING_RESTART (or STARTING,
-  when the race came after its claim: the ranks not placed are tried again), keeps its nodes
-  reserved for it (the ``reserved`` placement value), and tries again on the sweep and when a
-  task stops on a blocked node;
+* otherwise the job *waits* (:class:`RestartWait` on its job item: since, until, the first
+  blocked nodes and why, how many there are; shown by ``gpujobs show`` / ``watch``), still
+  PENDING_RESTART (or STARTING, when the race came after its claim: the ranks not placed are
+  tried again), keeps its nodes reserved for it (the ``reserved`` placement value), and tries
+  again on the sweep and when a task stops on a blocked node;
 * only after ``relocation_wait_seconds`` (the bound a relocation waits for a free node: one
-  bound for both) does it fail, its e-mail naming each blocked node and what holds it.
+  bound for both) does it fail, its e-mail naming the first five blocked nodes and what holds
+  each, and how many more there are.
 
 The wait is written once per attempt: a duplicate or late delivery neither extends nor
 restarts it.
@@ -26,7 +27,7 @@ restarts it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # StartTask's failure reasons that are a placement race, never the job's fault.
@@ -52,31 +53,46 @@ def blocked_by(*, status: str | None, agent_connected: bool, free_gpus: int, nee
     return ""
 
 
+NAMED_BLOCKED_NODES = 5  # the blocked nodes a wait names (its reason, its e-mail, its job item)
+
+
 @dataclass(frozen=True)
 class RestartWait:
-    """The restart of ``attempt`` waiting for ``blocked`` nodes (node -> why), from ``since``
-    until ``until`` (job item ``restart_wait``)."""
+    """The restart of ``attempt`` waiting for its blocked nodes, from ``since`` until ``until``
+    (job item ``restart_wait``): ``blocked`` names the first few (node -> why, by node) and
+    ``count`` says how many there are, so the job item stays small whatever the job's size."""
 
     attempt: int
     since: float
     until: float
     blocked: tuple[tuple[str, str], ...]
+    count: int = 0  # every blocked node (at least the ones named)
 
     @classmethod
     def start(cls, attempt: int, now: float, wait_seconds: float, blocked: Mapping[str, str]) -> RestartWait:
-        return cls(attempt, now, now + max(0.0, wait_seconds), _pairs(blocked))
+        return cls(attempt, now, now + max(0.0, wait_seconds), ()).now_blocked(blocked)
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None, attempt: int) -> RestartWait | None:
         """The wait of ``attempt`` (None: none, or an older attempt's)."""
         if not raw or int(raw.get("attempt") or 0) != attempt:
             return None
-        return cls(attempt, float(raw.get("since") or 0), float(raw.get("until") or 0),
-                   _pairs(dict(raw.get("blocked") or {})))
+        named = _pairs(dict(raw.get("blocked") or {}))
+        return cls(attempt, float(raw.get("since") or 0), float(raw.get("until") or 0), named,
+                   max(int(raw.get("count") or 0), len(named)))
+
+    def now_blocked(self, blocked: Mapping[str, str]) -> RestartWait:
+        """The same wait, naming what blocks its nodes now."""
+        pairs = _pairs(blocked)
+        return replace(self, blocked=pairs[:NAMED_BLOCKED_NODES], count=len(pairs))
 
     def to_item(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "since": self.since, "until": self.until,
-                "blocked": {n: why[:300] for n, why in self.blocked}}
+                "blocked": {n: why[:300] for n, why in self.blocked}, "count": self.total}
+
+    @property
+    def total(self) -> int:
+        return max(self.count, len(self.blocked))
 
     def expired(self, now: float) -> bool:
         return now >= self.until
@@ -86,9 +102,10 @@ class RestartWait:
         return round(self.until - self.since)
 
     def _nodes(self) -> str:
-        shown = "; ".join(f"{node}: {why}" for node, why in self.blocked[:5])
-        more = f"; and {len(self.blocked) - 5} more node(s)" if len(self.blocked) > 5 else ""
-        return shown + more
+        shown = self.blocked[:NAMED_BLOCKED_NODES]
+        more = self.total - len(shown)
+        named = "; ".join(f"{node}: {why}" for node, why in shown)
+        return named + (f"; and {more} more node(s)" if more else "")
 
     def waiting_reason(self) -> str:
         return f"restart waiting up to {self.seconds} s for its node(s) to be free: {self._nodes()}"

@@ -5,14 +5,16 @@
 fault's attempt's rank items, a Query per 100s of ranks) and describes those nodes
 (DescribeContainerInstances, by 100): a node whose agent is disconnected, that is not ACTIVE
 or gone, or whose free GPUs are fewer than its ranks need is *blocked*, and for a busy node
-what holds it is named (ListTasks of the node and DescribeTasks: asked of blocked nodes only).
+what holds it is named (ListTasks of the node and DescribeTasks: asked only of the few blocked
+nodes a wait names, ``domain.restart_wait``'s five).
 
 :meth:`RestartWaits.wait` keeps the job waiting (PENDING_RESTART before its claim, STARTING
 after it: a race between the look and StartTask) with its reason on the job item until
-``relocation_wait_seconds`` pass, then fails it with an e-mail naming each blocked node and
-what holds it. The job keeps its nodes reserved meanwhile (``recovery.placement``: a
-recovering job's nodes carry ``reserved``), and tries again on the sweep (every minute) and
-as soon as a task stops on a node reserved for it (``PlacementHolds.on_task_stopped``).
+``relocation_wait_seconds`` pass, then fails it with an e-mail naming the first blocked nodes
+and what holds each, and how many more there are. The job keeps its nodes reserved meanwhile
+(``recovery.placement``: a recovering job's nodes carry ``reserved``), and tries again on the
+sweep (every minute) and as soon as a task stops on a node reserved for it
+(``PlacementHolds.on_task_stopped``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.relocation import gpu_count
-from gpu_recovery.domain.restart_wait import RestartWait, blocked_by
+from gpu_recovery.domain.restart_wait import NAMED_BLOCKED_NODES, RestartWait, blocked_by
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.repository.deadlines import DeadlineIndex
 from gpu_recovery.repository.restarts import RestartRepository
@@ -89,7 +91,8 @@ class RestartWaits:
             why = blocked_by(status=str(ci.get("status")) if ci else None,
                              agent_connected=bool((ci or {}).get("agentConnected")),
                              free_gpus=gpu_count((ci or {}).get("remainingResources")), needed_gpus=gpus)
-            if why.startswith("RESOURCE:GPU"):
+            # Only the nodes the wait names (the first, by node) are asked what holds them.
+            if why.startswith("RESOURCE:GPU") and len(blocked) < NAMED_BLOCKED_NODES:
                 why = f"{why}, held by {self.holder(ref)}"
             if why:
                 blocked[node] = why
@@ -135,7 +138,7 @@ class RestartWaits:
             wait = fresh.restart_wait  # another delivery started the wait: its deadline holds
         if wait.expired(now):
             # What holds the nodes now, in the e-mail (not what held them when the wait began).
-            ended = RestartWait(wait.attempt, wait.since, wait.until, tuple(sorted(blocked.items())))
+            ended = wait.now_blocked(blocked)
             self.fail(job, ended.timeout_reason(), _ACTION)
             return Outcome("restart_failed", job.job_id,
                            {"why": "nodes not free in time", "blocked": blocked})
