@@ -56,3 +56,71 @@ def test_a_restart_blocked_on_many_busy_nodes_asks_what_holds_only_the_nodes_its
     assert all(f"{node}: RESOURCE:GPU" in reason and f"held by task {node}-web (group family:web" in reason
                for node in NODES[:NAMED_BLOCKED_NODES])
     assert reason.endswith("and 7 more node(s)") and wait.total == len(NODES)
+
+
+def _taken_task(node: str) -> dict[str, Any]:
+    return {"taskArn": f"arn:aws:ecs:us-east-1:1:task/c/{node}-web", "group": "family:web",
+            "startedBy": "other-scheduler", "lastStatus": "RUNNING"}
+
+
+def test_a_waiting_restart_looks_at_the_nodes_its_wait_names_alone_while_one_is_still_taken(
+        monkeypatch: Any) -> None:
+    """Given a 12-rank job (not relocatable) whose restart finds 7 of its nodes taken by another
+    scheduler, When it waits and the sweep tries it again each minute, Then the wait names five
+    (with the GPUs their ranks need) and counts 7; while one of those five is still taken a
+    sweep minute reads no rank and describes those five only; once they are free the sweep
+    looks at every node again (two still taken: it keeps waiting), and once all are free the
+    job restarts on its nodes."""
+    from tests.recovery.fakes import world
+
+    with world(max_app_restarts=1, relocation_wait_seconds=1800) as w:
+        arns = w.register_job("w", NODES)
+        for node in NODES[:7]:
+            w.ecs.taken[node] = _taken_task(node)
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        for arn in arns[:-1]:
+            w.service.on_task_state_change(w.task_stopped(
+                arn, exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [check] = [t for t in w.ecs.health_checks_on(NODES[-1]) if t.last_status == "RUNNING"]
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 0))  # healthy: an application error
+        job = w.repo.jobs.get_job("w")
+        assert job.state is JobState.PENDING_RESTART and job.restart_wait is not None
+        assert [n for n, _ in job.restart_wait.blocked] == NODES[:NAMED_BLOCKED_NODES]
+        assert job.restart_wait.total == 7
+        # The fakes' tasks report no gpuIds: the look counts one GPU for such a rank.
+        assert job.restart_wait.named_needs() == dict.fromkeys(NODES[:NAMED_BLOCKED_NODES], 1)
+
+        rank_reads: list[tuple[int, int]] = []
+        described: list[list[str]] = []
+        get_rank_range, describe = w.repo.jobs.get_rank_range, w.ecs.describe_container_instances
+
+        def spied_rank_range(job_id: str, first: int, last: int) -> Any:
+            rank_reads.append((first, last))
+            return get_rank_range(job_id, first, last)
+
+        def spied_describe(refs: Any) -> Any:
+            described.append(sorted(str(r).rsplit("/", 1)[-1] for r in refs))
+            return describe(refs)
+
+        monkeypatch.setattr(w.repo.jobs, "get_rank_range", spied_rank_range)
+        monkeypatch.setattr(w.ecs, "describe_container_instances", spied_describe)
+        for node in NODES[:4]:
+            del w.ecs.taken[node]  # the fifth named node is still taken
+        for _ in range(3):
+            w.advance(60)
+            w.service.sweep()
+        assert w.repo.jobs.get_job("w").state is JobState.PENDING_RESTART
+        assert rank_reads == [] and described == [NODES[:NAMED_BLOCKED_NODES]] * 3
+
+        del w.ecs.taken[NODES[4]]  # the named ones free, two others still taken
+        w.advance(60)
+        w.service.sweep()
+        job = w.repo.jobs.get_job("w")
+        assert job.state is JobState.PENDING_RESTART and (0, len(NODES)) in rank_reads
+        assert described[-1] == NODES
+
+        w.ecs.taken.clear()
+        w.advance(60)
+        w.service.sweep()
+        job = w.repo.jobs.get_job("w")
+        assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2

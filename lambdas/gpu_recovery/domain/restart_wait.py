@@ -67,10 +67,14 @@ class RestartWait:
     until: float
     blocked: tuple[tuple[str, str], ...]
     count: int = 0  # every blocked node (at least the ones named)
+    gpus: tuple[tuple[str, int], ...] = ()  # the GPUs the ranks of each named node need (): unknown
 
     @classmethod
-    def start(cls, attempt: int, now: float, wait_seconds: float, blocked: Mapping[str, str]) -> RestartWait:
-        return cls(attempt, now, now + max(0.0, wait_seconds), ()).now_blocked(blocked)
+    def start(cls, attempt: int, now: float, wait_seconds: float, blocked: Mapping[str, str],
+              gpus: Mapping[str, int] | None = None) -> RestartWait:
+        wait = cls(attempt, now, now + max(0.0, wait_seconds), ()).now_blocked(blocked)
+        named = {node for node, _ in wait.blocked}
+        return replace(wait, gpus=tuple(sorted((n, int(g)) for n, g in (gpus or {}).items() if n in named)))
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None, attempt: int) -> RestartWait | None:
@@ -78,8 +82,9 @@ class RestartWait:
         if not raw or int(raw.get("attempt") or 0) != attempt:
             return None
         named = _pairs(dict(raw.get("blocked") or {}))
+        gpus = tuple(sorted((str(n), int(g)) for n, g in dict(raw.get("gpus") or {}).items()))
         return cls(attempt, float(raw.get("since") or 0), float(raw.get("until") or 0), named,
-                   max(int(raw.get("count") or 0), len(named)))
+                   max(int(raw.get("count") or 0), len(named)), gpus)
 
     def now_blocked(self, blocked: Mapping[str, str]) -> RestartWait:
         """The same wait, naming what blocks its nodes now."""
@@ -87,8 +92,19 @@ class RestartWait:
         return replace(self, blocked=pairs[:NAMED_BLOCKED_NODES], count=len(pairs))
 
     def to_item(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "since": self.since, "until": self.until,
+        item = {"attempt": self.attempt, "since": self.since, "until": self.until,
                 "blocked": {n: why[:300] for n, why in self.blocked}, "count": self.total}
+        if self.gpus:
+            item["gpus"] = dict(self.gpus)
+        return item
+
+    def named_needs(self) -> dict[str, int]:
+        """The named nodes with the GPUs their ranks need ({}: not known, an older wait's or a
+        StartTask race's): what a look at those nodes alone needs."""
+        gpus = dict(self.gpus)
+        if not self.blocked or any(node not in gpus for node, _ in self.blocked):
+            return {}
+        return {node: gpus[node] for node, _ in self.blocked}
 
     @property
     def total(self) -> int:

@@ -160,13 +160,18 @@ class GangRestart:
             return Outcome("waiting", job_id, {"rebooting_nodes": tally.rebooting})
         # Its nodes, looked at before the claim: one it cannot use now (busy, its agent away,
         # gone) is left for a free one if the job may move, else waited for; never a failure.
-        blocked = self.waits.blocked(job)
+        # While a wait lasts, the nodes it names are looked at first, alone: one still blocked
+        # keeps the job waiting without a read of every rank and node each minute.
+        blocked = {} if relocatable else self.waits.named_still_blocked(job, clock.now())
+        gpus: dict[str, int] = {}
+        if not blocked:
+            blocked, gpus = self.waits.look(job)
         if blocked:
             if relocatable:
                 moved = self._relocate(job, True, sorted(set(elsewhere) | set(blocked)), blocked)
                 if moved is not None:
                     return moved
-            return self.waits.wait(job, blocked)
+            return self.waits.wait(job, blocked, gpus)
         now = clock.now()
         if not self.records.claim(job, now=now, deadline_at=now + RETRY_INTERVAL_SECONDS):
             return Outcome("duplicate", job_id)

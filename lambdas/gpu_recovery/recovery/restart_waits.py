@@ -6,7 +6,10 @@ fault's attempt's rank items, a Query per 100s of ranks) and describes those nod
 (DescribeContainerInstances, by 100): a node whose agent is disconnected, that is not ACTIVE
 or gone, or whose free GPUs are fewer than its ranks need is *blocked*, and for a busy node
 what holds it is named (ListTasks of the node and DescribeTasks: asked only of the few blocked
-nodes a wait names, ``domain.restart_wait``'s five).
+nodes a wait names, ``domain.restart_wait``'s five). While a wait lasts,
+:meth:`RestartWaits.named_still_blocked` describes the nodes it names alone (with the GPUs their
+ranks need, kept on the wait): one still blocked keeps the restart waiting without a read of
+every rank and node each minute; once they are free, every node is looked at again.
 
 :meth:`RestartWaits.wait` keeps the job waiting (PENDING_RESTART before its claim, STARTING
 after it: a race between the look and StartTask) with its reason on the job item until
@@ -20,7 +23,7 @@ sweep (every minute) and as soon as a task stops on a node reserved for it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
@@ -72,6 +75,12 @@ class RestartWaits:
         """node -> why, for the nodes the restart of ``job`` starts ranks on (the ranks of
         ``attempt``, by default the job's, on nodes not in ``leaving``) that cannot take them
         now ({}: every one can)."""
+        return self.look(job, leaving=leaving, attempt=attempt)[0]
+
+    def look(self, job: Job, *, leaving: Iterable[str] = (), attempt: int | None = None
+             ) -> tuple[dict[str, str], dict[str, int]]:
+        """:meth:`blocked`, and the GPUs the ranks of each node need (what a wait keeps of its
+        named nodes, to look at those alone while it lasts)."""
         repo = self.data
         attempt = job.attempt if attempt is None else attempt
         skip = set(leaving)
@@ -82,6 +91,20 @@ class RestartWaits:
                 continue
             ref, gpus = needs.get(node, (rank.container_instance_arn or node, 0))
             needs[node] = (ref, gpus + max(1, int(rank.gpus or 0)))
+        blocked = self._judge(job, needs)
+        return blocked, {node: gpus for node, (_, gpus) in needs.items()}
+
+    def named_still_blocked(self, job: Job, now: float) -> dict[str, str]:
+        """While the restart's wait lasts: the nodes it names (at most five) that still cannot
+        take their ranks, described alone (no rank read; {}: none is, the wait is over or
+        knows no GPUs: look at every node)."""
+        wait = job.restart_wait
+        needs = wait.named_needs() if wait is not None and not wait.expired(now) else {}
+        return self._judge(job, {node: (node, gpus) for node, gpus in needs.items()}) if needs else {}
+
+    def _judge(self, job: Job, needs: Mapping[str, tuple[str, int]]) -> dict[str, str]:
+        """node -> why for the nodes of ``needs`` (node -> its reference, the GPUs its ranks
+        need) that cannot take their ranks now."""
         if not needs:
             return {}
         described = self.ecs.describe_container_instances([ref for ref, _ in needs.values()])
@@ -116,14 +139,15 @@ class RestartWaits:
         return ", ".join(names) + more
 
     # -------------------------------------------------------------------- wait
-    def wait(self, job: Job, blocked: dict[str, str]) -> Outcome:
-        """The job waits for ``blocked`` (written once per attempt), or fails once its wait
-        is over (``relocation_wait_seconds``; 0: at once) with the e-mail naming them."""
+    def wait(self, job: Job, blocked: dict[str, str], gpus: Mapping[str, int] | None = None) -> Outcome:
+        """The job waits for ``blocked`` (written once per attempt, with the ``gpus`` the ranks
+        of the nodes it names need), or fails once its wait is over
+        (``relocation_wait_seconds``; 0: at once) with the e-mail naming them."""
         repo, now = self.data, clock.now()
         wait = job.restart_wait
         if wait is None:
             seconds = self.wait_seconds
-            wait = RestartWait.start(job.attempt, now, seconds, blocked)
+            wait = RestartWait.start(job.attempt, now, seconds, blocked, gpus)
             if seconds <= 0:
                 self.fail(job, wait.timeout_reason(), _ACTION)
                 return Outcome("restart_failed", job.job_id, {"why": "nodes not free", "blocked": blocked})
