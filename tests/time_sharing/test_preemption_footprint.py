@@ -56,7 +56,7 @@ def keys_read(w: World, monkeypatch: Any) -> list[str]:
 
 
 def test_a_running_gangs_nodes_are_read_from_its_latch_shards_not_its_ranks(monkeypatch) -> None:
-    """Given a running 130-rank LOW queue job, When a blocked job of higher priority looks for
+    """Given a running 130-rank NORMAL queue job, When a blocked job of higher priority looks for
     victims, Then the gang's footprint is its 130 nodes with 8 GPUs each, from its three latch
     shards: no rank item read, and read once a tick however often it is asked."""
     with world() as w:
