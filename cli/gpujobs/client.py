@@ -175,8 +175,11 @@ class ApiClient:
     def submit(self, spec: Mapping[str, Any], idempotency_key: str) -> dict[str, Any]:
         return self.request("POST", "/jobs", body=dict(spec), headers={"Idempotency-Key": idempotency_key})
 
-    def get_job(self, job_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/jobs/{_q(job_id)}")
+    def get_job(self, job_id: str, *, ranks_from: int | None = None,
+                ranks_limit: int | None = None) -> dict[str, Any]:
+        """The job with a page of its ranks (the API's first 100 unless asked otherwise)."""
+        return self.request("GET", f"/jobs/{_q(job_id)}",
+                            query={"ranks_from": ranks_from, "ranks_limit": ranks_limit})
 
     def list_jobs(self, *, state: str | None = None, user: str | None = None, limit: int | None = None,
                   next_token: str | None = None) -> dict[str, Any]:

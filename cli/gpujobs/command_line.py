@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("show", "show one job: state, ranks, attempts, its goodput ledger")
     p.add_argument("job_id", metavar="ID")
+    p.add_argument("--ranks-from", type=int, default=None, metavar="N",
+                   help="the first rank shown (a large job's ranks come 100 at a time)")
+    p.add_argument("--ranks-limit", type=int, default=None, metavar="N", help="ranks shown (1-1000)")
     p.set_defaults(func=cmd_show)
 
     p = add("goodput", "your jobs' goodput over a period: GPU-hours per cause, ETTR (docs/goodput.md)")

@@ -103,8 +103,13 @@ def nodes_label(job: Mapping[str, Any]) -> str:
 
 
 def rank_counts(job: Mapping[str, Any]) -> tuple[int, int]:
+    """(ranks running, the job's ranks). An answer holding a page of a large job's ranks counts
+    them with its ``ranks_live`` (the attempt's ranks started and not ended) instead."""
     ranks = _list_at(job, "ranks")
     running = sum(1 for r in ranks if isinstance(r, dict) and str(r.get("state", "")).upper() == "RUNNING")
+    live = job.get("ranks_live")
+    if isinstance(live, int) and not isinstance(live, bool):
+        running = live
     spec = _dict_at(job, "spec")
     total = job.get("nnodes") or spec.get("nnodes") or len(ranks)
     try:
@@ -292,6 +297,10 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     ranks = [r for r in job.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
         lines += ["", "Ranks:", *_rank_table(ranks)]
+        following = job.get("ranks_next")
+        if isinstance(following, int) and not isinstance(following, bool):
+            lines.append(f"  ranks {ranks[0].get('rank')}-{ranks[-1].get('rank')} of {rank_counts(job)[1]}: "
+                         f"--ranks-from {following} for the next")
     attempts = [a for a in job.get("attempts") or [] if isinstance(a, dict)]
     if attempts:
         lines += ["", "Attempts:"]

@@ -67,7 +67,7 @@ from gpu_recovery.queue.api_models import (
     SuspendResult,
 )
 from gpu_recovery.queue.jobs_api.errors import IdempotencyKeyReused, QueueError
-from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, MAX_LIMIT
+from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, DEFAULT_RANKS, MAX_LIMIT, MAX_RANKS
 from gpu_recovery.queue.jobs_api.service import JobQueueService
 from gpu_recovery.queue.jobs_api.submit import IDEMPOTENCY_WINDOW_SECONDS
 from gpu_recovery.queue.jobs_api.triggers import SchedulerTrigger
@@ -307,11 +307,17 @@ def list_jobs(
         service().list(state=state, user=user, limit=limit, next_token=next_token, caller=caller()))
 
 
-@app.get("/v1/jobs/<job_id>", summary="A job with its ranks and attempts", tags=["jobs"],
+@app.get("/v1/jobs/<job_id>", summary="A job with a page of its ranks, and its attempts", tags=["jobs"],
          responses={200: {"description": "The job", "content": {"application/json": {"model": JobDetail}}},
                     **_READ_ERRORS})
-def get_job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)]) -> JobDetail:
-    return JobDetail.model_validate(service().get(job_id, caller()))
+def get_job(
+    job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)],
+    ranks_from: Annotated[int, Query(ge=0, description="The first rank of the page (ranks_next of "
+                                                          "the previous one)")] = 0,
+    ranks_limit: Annotated[int, Query(ge=1, le=MAX_RANKS, description="Ranks in the page")] = DEFAULT_RANKS,
+) -> JobDetail:
+    return JobDetail.model_validate(service().get(job_id, caller(), ranks_from=ranks_from,
+                                                  ranks_limit=ranks_limit))
 
 
 @app.post("/v1/jobs/<job_id>/cancel", summary="Cancel a job (idempotent)", tags=["jobs"],

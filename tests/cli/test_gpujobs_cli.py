@@ -503,6 +503,24 @@ def test_show_prints_summary_ranks_and_attempts(api, sleeps, capsys):
     assert json.loads(capsys.readouterr().out) == api.jobs["llama-ft-20261120-143201-7f3a"]
 
 
+def test_show_of_a_large_job_says_which_ranks_it_shows_and_asks_for_the_next_page(api, sleeps, capsys):
+    """Given a 250-rank job whose answer holds ranks 100-199 (ranks_next 200) and 240 live ranks,
+    when `show ID --ranks-from 100` runs, then it asks for that page, shows those ranks, says
+    which they are and how to ask for the next, and counts the job's live ranks, not the page's."""
+    api.add_job(
+        "big-1", state="RUNNING", nnodes=250, ranks_next=200, ranks_live=240,
+        ranks=[{"rank": r, "state": "RUNNING", "task_arn": f"arn:aws:ecs:us-east-1:1:task/gpu/task{r}",
+                "container_instance_id": f"ci{r}"} for r in range(100, 200)],
+    )
+    assert run(api, "show", "big-1", "--ranks-from", "100") == 0
+    out = capsys.readouterr().out
+    [call] = api.calls("GET", "/v1/jobs/big-1")
+    assert call.query == {"ranks_from": "100"}
+    assert "task100" in out and "task199" in out
+    assert "ranks 100-199 of 250: --ranks-from 200 for the next" in out
+    assert "240/250 running" in out
+
+
 def test_show_unknown_job_is_a_404(api, sleeps, capsys):
     """Given no such job,
     when `show nope` runs,

@@ -88,6 +88,41 @@ def test_get_shows_ranks_attempts_and_last_error(api: Api) -> None:
     assert body["spec"]["name"] == "llama-ft" and body["source"] == "queue"
 
 
+def test_a_jobs_ranks_come_a_page_at_a_time_with_a_count_of_the_live_ones(api: Api) -> None:
+    """Given a running 2-rank job whose rank 1 has ended (its attempt's latch: 2 registered, 1
+    ended), When it is read a rank at a time, Then each page holds its rank, ranks_next says where
+    the next starts (null after the last) and ranks_live counts 1, read from the latch shard, never
+    the rank items of the other page; read whole, no count; a page out of bounds is a 400 that
+    names the parameter."""
+    from gpu_recovery import constants as C
+    from gpu_recovery.domain.latch import Latch
+
+    _, job = api.submit()
+    job_id = job["job_id"]
+    start_job(api, job_id)
+    api.job_table.update_item(
+        Key={"job_id_rank": C.latch_shard_key(job_id, 1, 0)},
+        UpdateExpression="SET item_type = :t ADD #r :r, #e :e",
+        ExpressionAttributeNames={"#r": Latch.REGISTERED.value, "#e": Latch.ENDED.value},
+        ExpressionAttributeValues={":t": "LATCH", ":r": {0, 1}, ":e": {1}})
+    pages = []
+    for first in (0, 1):
+        api.ddb_ops.clear()
+        status, body, _ = api.call("GET", f"/v1/jobs/{job_id}",
+                                   query={"ranks_from": str(first), "ranks_limit": "1"})
+        assert status == 200, body
+        pages.append(([r["rank"] for r in body["ranks"]], body["ranks_next"], body["ranks_live"]))
+        assert api.ddb_ops.count("BatchGetItem") == 2  # the page's rank, the latch shard
+    assert pages == [([0], 1, 1), ([1], None, 1)]
+    status, body, _ = api.call("GET", f"/v1/jobs/{job_id}")
+    assert [r["rank"] for r in body["ranks"]] == [0, 1]
+    assert body["ranks_next"] is None and body["ranks_live"] is None
+    for query, name in (({"ranks_limit": "0"}, "ranks_limit"), ({"ranks_limit": "1001"}, "ranks_limit"),
+                        ({"ranks_from": "-1"}, "ranks_from")):
+        status, body, _ = api.call("GET", f"/v1/jobs/{job_id}", query=query)
+        assert status == 400 and name in json.dumps(body), (query, body)
+
+
 def test_list_is_newest_first_and_paginated_without_scan(api: Api) -> None:
     """Given 7 jobs submitted one second apart
     When listed 3 per page

@@ -113,7 +113,13 @@ class JobDetail(JobSummary):
     held: bool = Field(default=False, description="SUSPENDED and held until resumed (a user's suspend)")
     suspend_count: int = 0
     resume_count: int = Field(default=0, description="Times resumed (the RESUME_COUNT its ranks get)")
-    ranks: list[RankView]
+    ranks: list[RankView] = Field(
+        description="A page of the job's ranks (ranks_from, ranks_limit: 100 by default)")
+    ranks_next: int | None = Field(
+        default=None, description="The first rank of the next page (pass as ranks_from); null: no more")
+    ranks_live: int | None = Field(
+        default=None,
+        description="When the page is not every rank: the attempt's ranks started and not ended")
     attempts: list[AttemptView]
 
 

@@ -82,6 +82,15 @@ class JobQueueRepository:
     def get_ranks(self, job: Job) -> list[Rank]:
         return self.base.jobs.get_ranks(job)
 
+    def get_rank_range(self, job_id: str, first: int, last: int) -> list[Rank]:
+        """Ranks ``first`` to ``last - 1`` (one BatchGetItem per 100)."""
+        return self.base.jobs.get_rank_range(job_id, first, last)
+
+    def live_rank_count(self, job: Job) -> int:
+        """The job's attempt's ranks registered and not ended (its latch shards: ``ceil(n / 64)``
+        items, not its rank items)."""
+        return len(self.base.latches.registered_not_ended(job.job_id, job.attempt, job.world_size))
+
     @staticmethod
     def job_from_item(item: dict[str, Any]) -> Job:
         return records.job_from_item(item)

@@ -37,12 +37,25 @@ from gpu_recovery.repository.jobs_api import InvalidPageToken
 QUEUED_STATES = QUEUED_JOB_STATES
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
+# A job's ranks, a page at a time: a read of a large job reads a page of its rank items, not all.
+DEFAULT_RANKS = 100
+MAX_RANKS = 1000
 
 
-def get_job(context: JobsApiContext, job_id: str, user: str | None = None) -> dict[str, Any]:
+def get_job(context: JobsApiContext, job_id: str, user: str | None = None, *, ranks_from: int = 0,
+            ranks_limit: int = DEFAULT_RANKS) -> dict[str, Any]:
+    """The job with a page of its ranks (``ranks_from`` up to ``ranks_limit`` of them): when more
+    follow, ``ranks_next`` says where, and ``ranks_live`` counts the attempt's ranks started and
+    not ended (from its latch shards, never every rank item)."""
+    if ranks_from < 0:
+        raise InvalidRequest("ranks_from: must be 0 or more", "ranks_from")
+    if not 1 <= ranks_limit <= MAX_RANKS:
+        raise InvalidRequest(f"ranks_limit: must be between 1 and {MAX_RANKS}", "ranks_limit")
     item = context.readable(job_id, user)
     job = context.repo.job_from_item(item)
-    ranks = [r for r in context.repo.get_ranks(job)] if job.world_size else []
+    last = min(job.world_size, ranks_from + ranks_limit)
+    ranks = context.repo.get_rank_range(job_id, ranks_from, last) if last > ranks_from else []
+    whole = ranks_from == 0 and last >= job.world_size
     out = job_summary(item)
     out.update(
         {
@@ -82,6 +95,8 @@ def get_job(context: JobsApiContext, job_id: str, user: str | None = None) -> di
                 }
                 for r in ranks
             ],
+            "ranks_next": None if last >= job.world_size else last,
+            "ranks_live": None if whole else context.repo.live_rank_count(job),
             "attempts": [_attempt(a) for a in attempt_records(item.get("attempts") or [],
                                                               item.get("history") or [],
                                                               int(item.get("attempt") or 0))],

@@ -36,7 +36,14 @@ from gpu_recovery.queue.jobs_api.capacity import ClusterCapacity
 from gpu_recovery.queue.jobs_api.context import JobsApiContext
 from gpu_recovery.queue.jobs_api.logs import LOG_EVENTS_LIMIT, job_logs
 from gpu_recovery.queue.jobs_api.ports import JobsEcs, LogReader, TaskDefinitionReader
-from gpu_recovery.queue.jobs_api.reads import DEFAULT_LIMIT, get_job, job_events, job_summary, list_jobs
+from gpu_recovery.queue.jobs_api.reads import (
+    DEFAULT_LIMIT,
+    DEFAULT_RANKS,
+    get_job,
+    job_events,
+    job_summary,
+    list_jobs,
+)
 from gpu_recovery.queue.jobs_api.submit import Submission, submit_job
 from gpu_recovery.queue.jobs_api.suspension import resume_job, suspend_job
 from gpu_recovery.queue.jobs_api.triggers import NoSchedulerTrigger, SchedulerTrigger
@@ -135,8 +142,9 @@ class JobQueueService:
         """Submit under the caller's Idempotency-Key: the job it made already, if any."""
         return submit_job(self.context, spec, user, idempotency_key)
 
-    def get(self, job_id: str, user: str | None = None) -> dict[str, Any]:
-        return get_job(self.context, job_id, user)
+    def get(self, job_id: str, user: str | None = None, *, ranks_from: int = 0,
+            ranks_limit: int = DEFAULT_RANKS) -> dict[str, Any]:
+        return get_job(self.context, job_id, user, ranks_from=ranks_from, ranks_limit=ranks_limit)
 
     @staticmethod
     def summary(item: Mapping[str, Any]) -> dict[str, Any]:
