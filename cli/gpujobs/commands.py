@@ -76,8 +76,7 @@ def cmd_list(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_show(client: ApiClient, args: argparse.Namespace) -> int:
-    job = client.get_job(args.job_id, ranks_from=getattr(args, "ranks_from", None),
-                         ranks_limit=getattr(args, "ranks_limit", None))
+    job = client.get_job(args.job_id, ranks_from=args.ranks_from, ranks_limit=args.ranks_limit)
     if json_mode(args):
         print_json(job)
     else:

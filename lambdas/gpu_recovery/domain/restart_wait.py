@@ -72,9 +72,10 @@ class RestartWait:
     @classmethod
     def start(cls, attempt: int, now: float, wait_seconds: float, blocked: Mapping[str, str],
               gpus: Mapping[str, int] | None = None) -> RestartWait:
-        wait = cls(attempt, now, now + max(0.0, wait_seconds), ()).now_blocked(blocked)
-        named = {node for node, _ in wait.blocked}
-        return replace(wait, gpus=tuple(sorted((n, int(g)) for n, g in (gpus or {}).items() if n in named)))
+        pairs, known = _pairs(blocked), gpus or {}
+        named = pairs[:NAMED_BLOCKED_NODES]
+        needs = tuple((node, int(known[node])) for node, _ in named if node in known)
+        return cls(attempt, now, now + max(0.0, wait_seconds), named, len(pairs), needs)
 
     @classmethod
     def from_item(cls, raw: Mapping[str, Any] | None, attempt: int) -> RestartWait | None:

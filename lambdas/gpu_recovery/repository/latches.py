@@ -101,9 +101,8 @@ class LatchRepository:
         """The attempt's suspect nodes and the nodes whose exits were coupled to its fault
         (``domain.suspects``) that are not suspects: one read of the shards."""
         items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
-        suspects = {str(n) for item in items for n in item.get("susp") or ()}
-        coupled = {str(n) for item in items for n in item.get(COUPLED_NODES) or ()}
-        return suspects, coupled - suspects
+        suspects = _members(items, "susp")
+        return suspects, _members(items, COUPLED_NODES) - suspects
 
     def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
         """The nodes the attempt's registered ranks run on (read once per relocation)."""
@@ -114,12 +113,10 @@ class LatchRepository:
         job's gang): registered on and not ended on (``ceil(n / 64)`` items, whatever the job's
         size). A rank's end an older release recorded without its node leaves that node counted."""
         items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
-        return ({str(n) for item in items for n in item.get("nodes") or ()}
-                - {str(n) for item in items for n in item.get(ENDED_NODES) or ()})
+        return _members(items, "nodes") - _members(items, ENDED_NODES)
 
     def _union(self, job_id: str, attempt: int, world_size: int, attribute: str) -> set[str]:
-        return {str(n) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
-                for n in item.get(attribute) or ()}
+        return _members(self._shard_items(job_id, attempt, range(shard_count(world_size))), attribute)
 
     def _shard_items(self, job_id: str, attempt: int, shards: Iterable[int]) -> list[dict[str, Any]]:
         """The attempt's latch shards ``shards``, as stored (one BatchGetItem per 100)."""
@@ -160,3 +157,8 @@ class LatchRepository:
         wanted = set(ranks)
         return {int(r) for item in self._shard_items(job_id, attempt, sorted({shard_of(r) for r in wanted}))
                 for r in from_ddb(item).get(latch.value) or ()} & wanted
+
+
+def _members(items: Iterable[dict[str, Any]], attribute: str) -> set[str]:
+    """The union of a string-set attribute over the shard items."""
+    return {str(n) for item in items for n in item.get(attribute) or ()}
