@@ -102,21 +102,23 @@ def nodes_label(job: Mapping[str, Any]) -> str:
     return f"{nnodes}x{gpus}" if gpus is not None else str(nnodes)
 
 
-def rank_counts(job: Mapping[str, Any]) -> tuple[int, int]:
-    """(ranks running, the job's ranks). An answer holding a page of a large job's ranks counts
-    them with its ``ranks_live`` (the attempt's ranks started and not ended) instead."""
+def rank_counts(job: Mapping[str, Any]) -> tuple[int, int, str]:
+    """(ranks counted, the job's ranks, what was counted): the ranks running; or, for an answer
+    holding a page of a large job's ranks, its ``ranks_live`` (the attempt's ranks started and not
+    ended, which a page cannot tell running from starting), said as such."""
     ranks = _list_at(job, "ranks")
     running = sum(1 for r in ranks if isinstance(r, dict) and str(r.get("state", "")).upper() == "RUNNING")
+    counted = "running"
     live = job.get("ranks_live")
     if isinstance(live, int) and not isinstance(live, bool):
-        running = live
+        running, counted = live, "started, not ended"
     spec = _dict_at(job, "spec")
     total = job.get("nnodes") or spec.get("nnodes") or len(ranks)
     try:
         total = int(total)
     except (TypeError, ValueError):
         total = len(ranks)
-    return running, max(total, len(ranks))
+    return running, max(total, len(ranks)), counted
 
 
 _PRIORITY_NAMES = {0: "LOW", 5: "BELOW_NORMAL", 10: "NORMAL", 20: "ABOVE_NORMAL", 30: "HIGH",
@@ -261,7 +263,7 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
     overrides = _dict_at(spec, "overrides")
     name = job.get("name") or spec.get("name")
     lines = [f"Job:        {job.get('job_id', '-')}" + (f"  ({name})" if name else "")]
-    running, total = rank_counts(job)
+    running, total, counted = rank_counts(job)
     nodes = nodes_label(job)
     max_recoveries = job.get("max_recovery_attempts", spec.get("max_recovery_attempts"))
     recoveries = None
@@ -285,7 +287,7 @@ def format_job(job: Mapping[str, Any]) -> list[str]:
         ("Attempt", job.get("attempt")),
         ("Recoveries", recoveries),
         ("Suspended", f"{counts[0]} time(s), resumed {counts[1]}" if any(counts) else None),
-        ("Ranks", f"{running}/{total} running" if total else None),
+        ("Ranks", f"{running}/{total} {counted}" if total else None),
         ("Command", " ".join(shlex.quote(str(c)) for c in overrides.get("command") or []) or None),
         ("Labels", ", ".join(f"{k}={v}" for k, v in labels.items()) or None),
         ("Last error", job.get("last_error")),

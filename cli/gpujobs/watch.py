@@ -83,7 +83,7 @@ class Watcher:
 
     def _change_line(self, job: Mapping[str, Any], previous: str | None) -> str:
         state = str(job.get("state", "?"))
-        running, total = rank_counts(job)
+        running, total, _ = rank_counts(job)
         shown = colored(state_label(job), self.color)
         transition = f"{previous} -> {shown}" if previous else shown
         parts = [fmt_time(self.now().isoformat()), str(job.get("job_id", "")), transition,
@@ -105,14 +105,14 @@ class Watcher:
 
     def _live_line(self, job: Mapping[str, Any]) -> str:
         state = str(job.get("state", "?"))
-        running, total = rank_counts(job)
+        running, total, counted = rank_counts(job)
         width = 20
         filled = round(width * running / total) if total else 0
         bar = "#" * filled + "." * (width - filled)
         spin = self.SPINNER[self.frame % len(self.SPINNER)] if state not in TERMINAL_STATES else " "
         self.frame += 1
         line = (f"{spin} {job.get('job_id', '')}  {colored(state_label(job), self.color)}  "
-                f"attempt {job.get('attempt', '-')}  ranks [{bar}] {running}/{total} running  "
+                f"attempt {job.get('attempt', '-')}  ranks [{bar}] {running}/{total} {counted}  "
                 f"elapsed {self._elapsed(job)}")
         waiting = str(job.get("wait_reason") or "")
         if waiting:  # why a queued (or suspended, queued again) job does not start yet

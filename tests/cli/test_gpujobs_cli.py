@@ -518,7 +518,7 @@ def test_show_of_a_large_job_says_which_ranks_it_shows_and_asks_for_the_next_pag
     assert call.query == {"ranks_from": "100"}
     assert "task100" in out and "task199" in out
     assert "ranks 100-199 of 250: --ranks-from 200 for the next" in out
-    assert "240/250 running" in out
+    assert "240/250 started, not ended" in out and "/250 running" not in out
 
 
 def test_show_unknown_job_is_a_404(api, sleeps, capsys):
@@ -704,6 +704,26 @@ def test_watch_tty_redraws_in_place(api, sleeps, monkeypatch):
     assert out.count("\r\x1b[2K") == 3
     assert "ranks [####################] 2/2 running" in out
     assert "attempt 1" in out and "elapsed " in out and "RUNNING -> COMPLETE" in out
+
+
+def test_watch_of_a_large_job_says_its_bar_counts_ranks_started_not_running(api, sleeps, monkeypatch):
+    """Given a 250-rank job whose answer holds a page of its ranks and counts 240 live ranks
+    (started and not ended: some may still be starting), when `watch ID` runs on a TTY, then the
+    bar counts those 240 and says what they are, not that they run."""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr("sys.stdout", tty)
+    api.add_job("big-1", state="RUNNING", nnodes=250, ranks_next=100, ranks_live=240,
+                ranks=[{"rank": r, "state": "PENDING"} for r in range(100)])
+    api.state_scripts["big-1"] = ["COMPLETE"]
+    assert run(api, "watch", "big-1") == 0
+    out = tty.getvalue()
+    assert "ranks [###################.] 240/250 started, not ended" in out
+    assert "/250 running" not in out
 
 
 def test_watch_shows_why_each_transition_happened(api, sleeps, capsys):
