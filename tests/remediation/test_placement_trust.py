@@ -159,3 +159,46 @@ def _attribute(w: Any, name: str) -> str | None:
     ci = w.ecs.ci_description(w.ecs.node(name))
     values = {a["name"]: a.get("value") for a in ci.get("attributes") or []}
     return values.get(placement.UNAVAILABLE_ATTRIBUTE)
+
+
+def test_a_waiting_restart_outlasts_an_ecs_outage_at_the_moment_its_node_frees() -> None:
+    """Given the waiting restart above (node-a taken by a scheduler that ignores the placement
+    constraint), When the reads of the restart's look fail on every attempt, first those that
+    ask what holds node-a (ListTasks, DescribeTasks) while it is taken, then the one that says
+    whether it is free (DescribeContainerInstances) across the moment it frees, Then the job
+    never fails, and while it waits its ``since`` is the same (a look that failed does not reset
+    the wait's bound); it restarts on node-a and node-b once ECS answers again,
+    with no failure e-mail and no dead letter."""
+    with world(relocation_wait_seconds=1800) as w:
+        for node in ("node-a", "node-b"):
+            w.ecs.add_node(node)
+        w.ecs.start_job("waits", w.training_task_definition, ["node-a", "node-b"])
+        w.ecs.run_for(MIN)
+        rogue = EagerScheduler(w.ecs, run_seconds=12 * MIN, honours_constraint=False,
+                               nodes=frozenset({"node-a"})).attach()
+        w.ecs.inject_gpu_fault("node-b", after=10, health="reboot_fixable", nccl_cascade=True)
+        w.ecs.run_for(9 * MIN)
+        rogue.active = False
+        before = w.job("waits")
+        assert before["job_state"] == "PENDING_RESTART" and before.get("restart_wait"), before["history"]
+        for phase, operations, minutes in ((1, ("ListTasks", "DescribeTasks"), 2.5),
+                                           (2, ("DescribeContainerInstances",), 3.5)):  # frees at ~13 min
+            for operation in operations:
+                w.aws.faults.persistent("ecs", operation)
+            w.ecs.run_for(minutes * MIN)
+            failed = {operation: w.aws.faults.count("ecs", operation) for operation in operations}
+            for operation in operations:
+                w.aws.faults.clear("ecs", operation)
+            assert failed[operations[0]] > 0, f"phase {phase}: the look never asked ECS: {failed}"
+            during = w.job("waits")
+            assert during["job_state"] in ("PENDING_RESTART", "STARTING", "RUNNING"), \
+                (phase, during["history"])
+            if during["job_state"] == "PENDING_RESTART":
+                assert during["restart_wait"]["since"] == before["restart_wait"]["since"], phase
+        w.ecs.run_for(4 * MIN)
+        job = w.job("waits")
+        assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), job["history"]
+        assert w.ranks_on("waits") == ["node-a", "node-b"]
+        assert not [n for n in w.aws.notifications()
+                    if n["attributes"].get(C.NOTIFICATION_KIND_ATTRIBUTE) == "failed"]
+        assert not w.bus.dead_letters
