@@ -70,7 +70,13 @@ from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.rank_template import LAUNCH, RESTART, RankTemplate, intent_kind
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
-from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
+from gpu_recovery.domain.states import (
+    HOLDING_RANK_STATES,
+    LIVE_RANK_STATES,
+    STARTED_JOB_STATES,
+    JobState,
+    RankState,
+)
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.metric_names import METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, METRIC_ENDED_JOB_STOPS_GIVEN_UP
 from gpu_recovery.recovery.fanout_send import send_once
@@ -389,14 +395,17 @@ class GangOps:
         repo = self.data
         now = clock.now()
         reask = receive_count > 1 or batch.round > 0
-        todo = [r for r in repo.get_rank_range(batch.job_id, batch.first, batch.last)
-                if r.attempt == batch.attempt and (
-                    r.state in LIVE_RANK_STATES
-                    or (reask and r.state is RankState.STOP_REQUESTED
-                        and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS))]
+        ranks = [r for r in repo.get_rank_range(batch.job_id, batch.first, batch.last)
+                 if r.attempt == batch.attempt]
+        todo = [r for r in ranks
+                if r.state in LIVE_RANK_STATES
+                or (reask and r.state is RankState.STOP_REQUESTED
+                    and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS)]
         reason = f"{SYSTEM_STOP_REASON_PREFIX} {batch.why}"[:255]
-        if reask and todo:
-            todo = self._already_stopped(todo, result)
+        if reask:
+            uncounted = self._ended_uncounted(batch, ranks)
+            if todo or uncounted:
+                todo = self._already_stopped(todo, result, uncounted)
         for index, rank in enumerate(todo):
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, replace(batch, first=rank.rank), "time"
@@ -414,20 +423,35 @@ class GangOps:
             self.ecs.stop_task(rank.task_arn, reason)
             result.stopped.append(rank.rank)
 
-    def _already_stopped(self, todo: list[Rank], result: BatchResult) -> list[Rank]:
+    def _ended_uncounted(self, batch: GangBatch, ranks: list[Rank]) -> list[Rank]:
+        """The batch's ranks recorded ended whose end the attempt's latch did not count: the
+        handling of their STOPPED event died after the rank's write, and for good (the event
+        dead-lettered, or a lost one's handling a round emitted). Nothing else would count them,
+        so the stop would wait for its backstop. Read only in the paced rounds, and only when
+        the batch has such a rank (its latch shards: one item per 64 ranks)."""
+        ended = [r for r in ranks if r.state.is_terminal]
+        if not ended or not self.reactions.handles(StoppedEventLost):
+            return []
+        counted = self.data.latches.arrived(batch.job_id, batch.attempt, [r.rank for r in ended], Latch.ENDED)
+        return [r for r in ended if r.rank not in counted]
+
+    def _already_stopped(self, todo: list[Rank], result: BatchResult, uncounted: list[Rank]) -> list[Rank]:
         """Asked again (the stops were not confirmed): a rank whose task ECS reports STOPPED
-        lost its event (a DLQ): handle it as that event instead of stopping it again. One
-        DescribeTasks per 100 ranks, only in the paced rounds."""
+        lost its event (a DLQ): handle it as that event instead of stopping it again; so is
+        a rank ``uncounted`` (its handling is idempotent: a redelivery's), never stopped again.
+        One DescribeTasks per 100 ranks, only in the paced rounds."""
         if not self.reactions.handles(StoppedEventLost):
             return todo
-        described = {t.get("taskArn"): t for t in self.ecs.describe_tasks([r.task_arn for r in todo])}
+        asked = todo + uncounted
+        described = {t.get("taskArn"): t for t in self.ecs.describe_tasks([r.task_arn for r in asked])}
         left = []
-        for rank in todo:
+        for rank in asked:
             task = described.get(rank.task_arn)
             if task is not None and task.get("lastStatus") == "STOPPED":
                 self.reactions.emit(StoppedEventLost(task))
-                result.stopped.append(rank.rank)
-            else:
+                if rank.state in HOLDING_RANK_STATES:
+                    result.stopped.append(rank.rank)
+            elif rank.state in HOLDING_RANK_STATES:
                 left.append(rank)
         return left
 

@@ -1,0 +1,73 @@
+"""A rank recorded ended whose end the attempt's latch never counted (the handling of its
+STOPPED event died after the rank's write, every delivery, and the event was dead-lettered):
+the stop fan-out's next paced round handles it as its event again, so the fault goes on.
+
+Found by a 1 %-of-calls-failing run (``lost_verdict``, seed 9): the job waited in
+PENDING_HEALTHCHECK for the health-check backstop (70 minutes) and failed, although both of its
+nodes' checks had passed within five minutes of the fault: the rank's item said it ended, so no
+round described its task again, and nothing else arrives at the latch for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpu_recovery import constants as C
+from gpu_recovery.domain.latch import Latch
+from gpu_recovery.repository.latches import LatchRepository
+from local_mode.remediation_scenarios import MIN, world
+
+TRAINING_RULE = "training-task-state"
+
+
+@pytest.fixture
+def rank_one_end_dies(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """While ``state["dying"]``, the arrival of rank 1 at the ENDED latch raises: the handling of
+    its stop dies after the rank's own write, each time it is tried."""
+    state: dict[str, Any] = {"dying": True, "died": 0}
+    arrive = LatchRepository.arrive
+
+    def dying_arrive(self: LatchRepository, job_id: str, attempt: int, world_size: int, rank: int,
+                     latches: Any, **kwargs: Any) -> Any:
+        latches = list(latches)
+        if state["dying"] and rank == 1 and Latch.ENDED in latches:
+            state["died"] += 1
+            raise RuntimeError("the handling of rank 1's stop dies after the rank's write")
+        return arrive(self, job_id, attempt, world_size, rank, latches, **kwargs)
+
+    monkeypatch.setattr(LatchRepository, "arrive", dying_arrive)
+    yield state
+
+
+def test_a_rank_recorded_ended_but_not_counted_is_counted_by_the_next_stop_round(
+        rank_one_end_dies: dict[str, Any]) -> None:
+    """Given a 2-node job allowed one application-error restart whose rank 1 exits 1 (its
+    GPU's diag then passes: an application error), When every handling of rank 1's stop dies
+    after writing the rank FAILED (its event's three deliveries, dead-lettered, and the first
+    paced round's), Then once that stops, the next
+    round counts rank 1's end (its task described STOPPED, handled as its event): node-b is
+    checked, and the job restarts on both nodes well before the health-check backstop."""
+    with world() as w:
+        for node in ("node-a", "node-b"):
+            w.ecs.add_node(node)
+        w.ecs.start_job("uncounted", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
+        w.ecs.run_for(MIN)
+        w.ecs.inject_gpu_fault("node-b", after=10, health="healthy", nccl_cascade=True)
+        w.ecs.run_for(6 * MIN)
+        job = w.job("uncounted")
+        assert job["job_state"] == "PENDING_HEALTHCHECK", job["history"]
+        rank = w.repo.jobs.get_rank("uncounted", 1)
+        assert rank is not None and rank.state.is_terminal  # written: only its count died
+        assert rank_one_end_dies["died"] >= 3
+        assert [d for d in w.bus.dead_letters if d.rule == TRAINING_RULE], "the premise: a dead letter"
+        rank_one_end_dies["dying"] = False
+        w.ecs.run_for(14 * MIN)
+        job = w.job("uncounted")
+        assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), \
+            [(h["to"], h.get("reason")) for h in job["history"]]
+        assert w.ranks_on("uncounted") == ["node-a", "node-b"]
+        assert w.node_item("node-b")["instance_state"] == "AVAILABLE"
