@@ -520,7 +520,7 @@ MAX_WORLD_SIZE = 8192
 MAX_QUEUE_NODES = 1024
 # ECS: at most 50 tags a task, those prefixed aws: aside (ECS API Reference, Tag). A restarted
 # task carries its original's tags plus gpu-recovery:attempt: a tagged job with no room for
-# it is refused at registration (recovery/ranks.py, TooManyTags).
+# it is refused at registration (recovery/task_refusals.py, TooManyTags).
 MAX_TASK_TAGS = 50
 
 # --------------------------------------------------------------------------------------

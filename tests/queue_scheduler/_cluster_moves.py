@@ -35,11 +35,11 @@ def launch_dies_registering(qc: Any, monkeypatch: Any, rank: int) -> None:
     launches = qc.recovery.gang.launches
     register = launches.register
 
-    def dies_at_rank(job: Any, template: Any, task_arn: str, started_by: str) -> Any:
+    def dies_at_rank(job: Any, template: Any, task_arn: str, started_by: str, *rest: Any) -> Any:
         if template.rank == rank:
             monkeypatch.setattr(launches, "register", register)
             raise RuntimeError("died")
-        return register(job, template, task_arn, started_by)
+        return register(job, template, task_arn, started_by, *rest)
 
     monkeypatch.setattr(launches, "register", dies_at_rank)
 

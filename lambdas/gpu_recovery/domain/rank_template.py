@@ -18,7 +18,8 @@ LAUNCH = "launch"
 class RankTemplate:
     """One rank's StartTask for an attempt (overrides and tags already the attempt's) and
     where it starts. ``launch_attempt``: the attempt whose launch lease the rank's item holds
-    (a lease taken over: its task may exist already); ``previous``: the rank's item before this
+    (a lease taken over: its task may exist already), held until ``lease_until`` (0: not
+    known); ``previous``: the rank's item before this
     attempt (its earlier tasks are kept on the new one), None for a rank never started."""
 
     job_id: str
@@ -33,6 +34,7 @@ class RankTemplate:
     ec2_instance_id: str = ""
     subnet: str = ""
     launch_attempt: int = 0
+    lease_until: float = 0.0
     previous: Rank | None = field(default=None, compare=False)
 
 

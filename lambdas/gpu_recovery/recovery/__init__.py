@@ -19,19 +19,15 @@ from gpu_recovery.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from gpu_recovery.recovery.ports import Invocation, MetricsPort, NullMetrics, Outcome
-    from gpu_recovery.recovery.ranks import (
-        NotProtected,
-        RankRegistration,
-        registration_from_tags,
-        restart_started_by,
-    )
+    from gpu_recovery.recovery.ranks import RankRegistration, registration_from_tags, restart_started_by
     from gpu_recovery.recovery.service import RecoveryService
+    from gpu_recovery.recovery.task_refusals import NotProtected
 
 # Each name is imported when first asked for: a module that needs only ``ports`` (the
 # job-control API's ``Outcome``) does not load every stage with the service.
 _HOMES = {
     "Invocation": "ports", "MetricsPort": "ports", "NullMetrics": "ports", "Outcome": "ports",
-    "NotProtected": "ranks", "RankRegistration": "ranks", "registration_from_tags": "ranks",
+    "NotProtected": "task_refusals", "RankRegistration": "ranks", "registration_from_tags": "ranks",
     "restart_started_by": "ranks", "RecoveryService": "service",
 }
 

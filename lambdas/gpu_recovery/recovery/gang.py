@@ -70,16 +70,11 @@ from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.rank_template import LAUNCH, RESTART, RankTemplate, intent_kind
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
-from gpu_recovery.domain.states import (
-    HOLDING_RANK_STATES,
-    LIVE_RANK_STATES,
-    STARTED_JOB_STATES,
-    JobState,
-    RankState,
-)
+from gpu_recovery.domain.states import LIVE_RANK_STATES, STARTED_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import restart_network
 from gpu_recovery.metric_names import METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, METRIC_ENDED_JOB_STOPS_GIVEN_UP
 from gpu_recovery.recovery.fanout_send import send_once
+from gpu_recovery.recovery.lost_stop_events import ended_uncounted, handle_stopped
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
 from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
@@ -402,10 +397,13 @@ class GangOps:
                 or (reask and r.state is RankState.STOP_REQUESTED
                     and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS)]
         reason = f"{SYSTEM_STOP_REASON_PREFIX} {batch.why}"[:255]
-        if reask:
-            uncounted = self._ended_uncounted(batch, ranks)
+        if reask and self.reactions.handles(StoppedEventLost):
+            # Their STOPPED events lost, or their handling dead after the rank's write: handled as
+            # those events (``recovery.lost_stop_events``) instead of stopped again.
+            uncounted = ended_uncounted(self.data.latches, batch, ranks)
             if todo or uncounted:
-                todo = self._already_stopped(todo, result, uncounted)
+                todo, found = handle_stopped(self.ecs, self.reactions, todo, uncounted)
+                result.stopped.extend(found)
         for index, rank in enumerate(todo):
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, replace(batch, first=rank.rank), "time"
@@ -422,38 +420,6 @@ class GangOps:
                 continue  # it ended (or was marked) meanwhile
             self.ecs.stop_task(rank.task_arn, reason)
             result.stopped.append(rank.rank)
-
-    def _ended_uncounted(self, batch: GangBatch, ranks: list[Rank]) -> list[Rank]:
-        """The batch's ranks recorded ended whose end the attempt's latch did not count: the
-        handling of their STOPPED event died after the rank's write, and for good (the event
-        dead-lettered, or a lost one's handling a round emitted). Nothing else would count them,
-        so the stop would wait for its backstop. Read only in the paced rounds, and only when
-        the batch has such a rank (its latch shards: one item per 64 ranks)."""
-        ended = [r for r in ranks if r.state.is_terminal]
-        if not ended or not self.reactions.handles(StoppedEventLost):
-            return []
-        counted = self.data.latches.arrived(batch.job_id, batch.attempt, [r.rank for r in ended], Latch.ENDED)
-        return [r for r in ended if r.rank not in counted]
-
-    def _already_stopped(self, todo: list[Rank], result: BatchResult, uncounted: list[Rank]) -> list[Rank]:
-        """Asked again (the stops were not confirmed): a rank whose task ECS reports STOPPED
-        lost its event (a DLQ): handle it as that event instead of stopping it again; so is
-        a rank ``uncounted`` (its handling is idempotent: a redelivery's), never stopped again.
-        One DescribeTasks per 100 ranks, only in the paced rounds."""
-        if not self.reactions.handles(StoppedEventLost):
-            return todo
-        asked = todo + uncounted
-        described = {t.get("taskArn"): t for t in self.ecs.describe_tasks([r.task_arn for r in asked])}
-        left = []
-        for rank in asked:
-            task = described.get(rank.task_arn)
-            if task is not None and task.get("lastStatus") == "STOPPED":
-                self.reactions.emit(StoppedEventLost(task))
-                if rank.state in HOLDING_RANK_STATES:
-                    result.stopped.append(rank.rank)
-            elif rank.state in HOLDING_RANK_STATES:
-                left.append(rank)
-        return left
 
     # --------------------------------------------------------------------- start
     def templates(self, job: Job) -> RankTemplates:
@@ -570,11 +536,20 @@ class GangOps:
         started: list[int] = []
         complete = False
 
-        def register(node: str, task_arn: str) -> None:
+        def register(node: str, task_arn: str, started_at: float | None = None) -> None:
             nonlocal complete
             template = on_node[node]
-            complete |= Latch.REGISTERED in source.register(job, template, task_arn, started_by)
+            complete |= Latch.REGISTERED in source.register(job, template, task_arn, started_by, started_at)
             started.append(template.rank)
+
+        def found(node: str, task_arn: str) -> None:
+            # Started by the dead holder of the lease taken over, right after its claim (its
+            # lease's length before the lease's end): the rank ran from then, not from now (the
+            # goodput ledger's restart ends at the last rank's start, issue 52).
+            template = on_node[node]
+            claimed = template.lease_until - (LAUNCH_LEASE_SECONDS if launch else CLAIM_LEASE_SECONDS)
+            register(node, task_arn, min(claimed, now) if template.launch_attempt == attempt
+                     and template.lease_until else None)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).
@@ -584,7 +559,7 @@ class GangOps:
         try:
             unplaced = start_once(
                 self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
-                look_up=call.nodes if taken_over else (), tries=tries,
+                look_up=call.nodes if taken_over else (), tries=tries, found=found,
                 network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         except ClientError as error:
             if not launch:

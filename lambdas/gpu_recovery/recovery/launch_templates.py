@@ -211,11 +211,12 @@ class LaunchTemplates:
                 out.startable[rank] = template
         return out
 
-    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str) -> Arrival:
+    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str,
+                 started_at: float | None = None) -> Arrival:
         self.nodes.put_instance_if_absent(Instance(
             template.node, container_instance_arn=template.container_instance_arn,
             ec2_instance_id=template.ec2_instance_id))
-        now = clock.now()
+        now = started_at or clock.now()
         previous = template.previous
         self.registrations.put_rank_registration(Rank(
             job_id=job.job_id, rank=template.rank, state=RankState.STARTING, attempt=job.attempt,

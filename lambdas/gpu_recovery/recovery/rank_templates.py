@@ -6,7 +6,8 @@ only what each rank is started from differs.
   node or where the restart's relocation moved it;
 
 A source also registers a rank it gave once its task is known (the new attempt's rank item,
-and its arrival at the attempt's registered latch).
+and its arrival at the attempt's registered latch), with when its task was started when that
+was before now (a task a dead holder of its lease started, found by its ``startedBy``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class RankTemplates(Protocol):
     """A start intent's source of ranks."""
 
     def read(self, job: Job, first: int, last: int) -> BatchTemplates: ...
-    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str) -> Arrival: ...
+    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str,
+                 started_at: float | None = None) -> Arrival: ...
 
 
 class RestartRanks(Protocol):
@@ -59,7 +61,8 @@ def restart_template(rank: Rank, attempt: int, moves: Mapping[str, Mapping[str, 
         job_id=rank.job_id, rank=rank.rank, task_definition_arn=rank.task_definition_arn,
         overrides=overrides_for_attempt(rank.overrides, attempt), tags=tags_for_attempt(rank.tags, attempt),
         group=rank.group, gpus=rank.gpus, node=node, container_instance_arn=arn, ec2_instance_id=ec2,
-        subnet=rank.subnet, launch_attempt=rank.launch_attempt or 0, previous=rank)
+        subnet=rank.subnet, launch_attempt=rank.launch_attempt or 0,
+        lease_until=float(rank.launch_lease_until or 0.0), previous=rank)
 
 
 @dataclass(eq=False, repr=False)
@@ -82,8 +85,9 @@ class RestartTemplates:
                     out.startable[rank.rank] = template
         return out
 
-    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str) -> Arrival:
+    def register(self, job: Job, template: RankTemplate, task_arn: str, started_by: str,
+                 started_at: float | None = None) -> Arrival:
         assert template.previous is not None  # a restart's ranks all have one
         return self.ranks.register_restarted(
             job, template.previous, task_arn=task_arn, container_instance_arn=template.container_instance_arn,
-            ec2_instance_id=template.ec2_instance_id, started_by=started_by)
+            ec2_instance_id=template.ec2_instance_id, started_by=started_by, registered_at=started_at)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -50,6 +51,14 @@ from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
+from gpu_recovery.recovery.task_refusals import (
+    NetworkUnknown,
+    NotProtected,
+    Refused,
+    StartedForSeveralRanks,
+    TooLarge,
+    TooManyTags,
+)
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.latches import Arrival, LatchRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
@@ -81,53 +90,11 @@ class RankRegistration:
     gpus: int = 0  # GPUs the task holds (0: unknown)
     subnet: str = ""  # the task's elastic network interface's (awsvpc tasks)
     network: dict[str, Any] = field(default_factory=dict)  # the job's awsvpcConfiguration ({}: none)
+    created_at: float | None = None  # when ECS created the task (its StartTask), if said
 
 
 class LookupQueued(Exception):
     """The task's event went to the tag lookup worker (which registers it and handles it)."""
-
-
-class NotProtected(ValueError):
-    """The task carries no (or malformed) recovery tags."""
-
-
-class Refused(NotProtected):
-    """A tagged job the loop cannot protect: refused loudly (a WARNING every time, one e-mail),
-    never ignored."""
-
-    headline = "Job not protected"
-    log_message = "job not protected: not registered"
-    operator_action = ""
-
-    def __init__(self, job_id: str, world_size: int, why: str) -> None:
-        super().__init__(why)
-        self.job_id = job_id
-        self.world_size = world_size
-
-
-class TooLarge(Refused):
-    """A tagged job larger than the loop protects."""
-
-    headline = "Job not protected: too many tasks"
-    log_message = "job too large to protect: not registered"
-    operator_action = (f"Run jobs of at most {MAX_WORLD_SIZE} tasks (e.g. one task per node instead of "
-                       "one per GPU), or remove the gpu-recovery tags from this job's tasks.")
-
-    def __init__(self, job_id: str, world_size: int) -> None:
-        super().__init__(job_id, world_size, f"job {job_id} has {world_size} tasks; the recovery loop "
-                                             f"protects jobs of at most {MAX_WORLD_SIZE}")
-
-
-class NetworkUnknown(Refused):
-    """A task in the awsvpc network mode whose security groups the loop cannot learn (ECS
-    tells none): it could not be restarted as it was (domain.task_network)."""
-
-    headline = "Job not protected: its awsvpc network is not known"
-    log_message = "awsvpc job without its security groups: not registered"
-    operator_action = (f"Start the job's tasks with the tag {TAG_SECURITY_GROUPS} (or, under the "
-                       f"registration convention, the environment variable {ENV_VAR_SECURITY_GROUPS}): "
-                       "their security group ids, separated by spaces (and, optionally, "
-                       f"{TAG_SUBNETS} / {ENV_VAR_SUBNETS}: their subnets).")
 
 
 def _task_network(task: dict[str, Any], values: dict[Any, Any], groups_key: str, subnets_key: str,
@@ -151,33 +118,11 @@ def _task_network(task: dict[str, Any], values: dict[Any, Any], groups_key: str,
                              f"job {job_id}: {groups_key} / {subnets_key}: {error}") from error
 
 
-class TooManyTags(Refused):
-    """A tagged job whose tasks carry so many tags that a restart could not tag its tasks with
-    their attempt: ECS allows 50 tags a task (``aws:`` ones aside), and a restarted task
-    carries the original's tags plus ``gpu-recovery:attempt`` (ECS API Reference, Tag)."""
-
-    headline = "Job not protected: its tasks carry too many tags"
-    log_message = "job whose tasks carry too many tags to restart: not registered"
-    operator_action = (f"Remove a tag from the job's tasks (or tag them {TAG_ATTEMPT}=1 in place of "
-                       f"another tag) and start the job again: a restarted task carries its tags plus "
-                       f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags a task.")
-
-    def __init__(self, job_id: str, world_size: int, tags: int) -> None:
-        super().__init__(job_id, world_size, f"the tasks of job {job_id} carry {tags} tags; a restart adds "
-                                             f"{TAG_ATTEMPT}, and ECS takes at most {MAX_TASK_TAGS} tags "
-                                             "a task")
-        self.tags = tags
-
-
-class StartedForSeveralRanks(NotProtected):
-    """A task one StartTask started for several identical ranks (tag ``gpu-recovery:ranks``):
-    its rank is the one planned on its container instance."""
-
-    def __init__(self, job_id: str, attempt: int, ranks: list[int]) -> None:
-        super().__init__(f"task started for ranks {ranks} of job {job_id}")
-        self.job_id = job_id
-        self.attempt = attempt
-        self.ranks = ranks
+def created_at(task: dict[str, Any]) -> float | None:
+    """When ECS created the task (its StartTask; described, or in its event): a rank registered
+    late (its start's own registration failed, its event retried) is dated from then."""
+    created = task.get("createdAt")
+    return created.timestamp() if isinstance(created, datetime) else None
 
 
 def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> RankRegistration:
@@ -220,6 +165,7 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         gpus=gpus,
         subnet=subnet,
         network=network,
+        created_at=created_at(task),
     )
 
 
@@ -256,7 +202,7 @@ def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
         group=str(task.get("group") or ""), started_by=str(task.get("startedBy") or ""),
         max_recovery_attempts=_budget_tag(env, ENV_VAR_MAX_INFRA_RECOVERIES),
         max_app_restarts=_budget_tag(env, ENV_VAR_MAX_APP_RESTARTS), gpus=gpus, subnet=subnet,
-        network=network)
+        network=network, created_at=created_at(task))
 
 
 def overrides_for_attempt(overrides: dict[str, Any], attempt: int) -> dict[str, Any]:
@@ -379,7 +325,8 @@ class RankOperations:
             task_arn=reg.task_arn, task_definition_arn=reg.task_definition_arn,
             container_inst_id=inst_id, container_instance_arn=reg.container_instance_arn,
             ec2_instance_id=ec2_id, overrides=reg.overrides, tags=_tags_kept(reg, previous), group=reg.group,
-            started_by=reg.started_by, registered_at=now, gpus=reg.gpus, subnet=reg.subnet,
+            started_by=reg.started_by, registered_at=min(reg.created_at or now, now), gpus=reg.gpus,
+            subnet=reg.subnet,
             earlier_tasks=previous.tasks_before(reg.attempt) if previous is not None else (),
         )
         written = self.records.put_rank_registration(rank)
@@ -394,9 +341,11 @@ class RankOperations:
         return stored
 
     def register_restarted(self, job: Job, previous: Rank, *, task_arn: str, container_instance_arn: str,
-                           ec2_instance_id: str, started_by: str) -> Arrival:
+                           ec2_instance_id: str, started_by: str,
+                           registered_at: float | None = None) -> Arrival:
         """The gang restart started ``previous``'s rank again (job, instance and budgets are
-        known): write the new attempt's rank and arrive at its registered latch."""
+        known): write the new attempt's rank and arrive at its registered latch. ``registered_at``:
+        when its task was started, if before now (found started by a dead holder of its lease)."""
         repo = self.data
         inst_id = container_instance_id(container_instance_arn)
         if inst_id != previous.container_inst_id:  # relocated: the new node may be unknown
@@ -409,7 +358,8 @@ class RankOperations:
             overrides=overrides_for_attempt(previous.overrides, job.attempt),
             tags=tags_for_attempt(previous.tags, job.attempt),
             group=previous.group,
-            started_by=started_by, registered_at=clock.now(), gpus=previous.gpus,
+            started_by=started_by, registered_at=min(registered_at or clock.now(), clock.now()),
+            gpus=previous.gpus,
             earlier_tasks=previous.tasks_before(job.attempt))
         self.records.put_rank_registration(rank)
         return repo.latches.arrive(job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
@@ -533,7 +483,7 @@ class RankOperations:
                     job, rank, task_arn=str(task["taskArn"]),
                     container_instance_arn=str(task.get("containerInstanceArn", "")),
                     ec2_instance_id=rank.ec2_instance_id if planned == rank.container_inst_id else "",
-                    started_by=str(task.get("startedBy", "")))
+                    started_by=str(task.get("startedBy", "")), registered_at=created_at(task))
                 return repo.jobs.get_rank(job.job_id, number)
         return None
 

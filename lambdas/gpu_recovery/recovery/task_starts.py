@@ -90,21 +90,22 @@ def reasons_on(failures: Sequence[Mapping[str, Any]], node: str, nodes: int) -> 
 
 def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
                keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
-               network: Callable[[Collection[str]], dict[str, Any] | None] | None = None
-               ) -> dict[str, list[str]]:
+               network: Callable[[Collection[str]], dict[str, Any] | None] | None = None,
+               found: Callable[[str, str], object] | None = None) -> dict[str, list[str]]:
     """Start ``request`` exactly once on each of ``nodes`` (node id -> container instance ARN;
     up to 10, one task each). ``look_up``: a start that may have been made already (a resumed
     launch, a restart's lease taken over) names every node it was made on, and the tasks of its
     startedBy are looked up first. ``keep(node, task)`` is told each node's task as soon as it is
     known (found, or placed), before the next StartTask, so that a crash after it loses no task;
     the nodes still without one are started again, ``tries`` StartTasks at the most
-    (``network``: the request's network for the nodes left). Returns the nodes left without a
-    task, each with ECS's reasons (none: ECS gave no failure for it); the caller says what that
-    leads to, and logs it."""
-    found = started_already(ecs, request.started_by, look_up) if look_up else {}
+    (``network``: the request's network for the nodes left). ``found``, if given, is told a task
+    the look-up found instead of ``keep`` (one started before this call). Returns the nodes left
+    without a task, each with ECS's reasons (none: ECS gave no failure for it); the caller says
+    what that leads to, and logs it."""
+    earlier = started_already(ecs, request.started_by, look_up) if look_up else {}
     rest = dict(nodes)
-    for node in [node for node in rest if node in found]:
-        keep(node, found[node])
+    for node in [node for node in rest if node in earlier]:
+        (found or keep)(node, earlier[node])
         del rest[node]
     reasons: dict[str, list[str]] = {}
     for _ in range(max(1, tries)):
