@@ -19,8 +19,8 @@ class RankTemplate:
     """One rank's StartTask for an attempt (overrides and tags already the attempt's) and
     where it starts. ``launch_attempt``: the attempt whose launch lease the rank's item holds
     (a lease taken over: its task may exist already), held until ``lease_until`` (0: not
-    known); ``previous``: the rank's item before this
-    attempt (its earlier tasks are kept on the new one), None for a rank never started."""
+    known); ``previous``: the rank's item before this attempt (its earlier tasks are kept on
+    the new one), None for a rank never started."""
 
     job_id: str
     rank: int

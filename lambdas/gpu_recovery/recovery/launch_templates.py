@@ -216,14 +216,14 @@ class LaunchTemplates:
         self.nodes.put_instance_if_absent(Instance(
             template.node, container_instance_arn=template.container_instance_arn,
             ec2_instance_id=template.ec2_instance_id))
-        now = started_at or clock.now()
+        registered_at = started_at or clock.now()
         previous = template.previous
         self.registrations.put_rank_registration(Rank(
             job_id=job.job_id, rank=template.rank, state=RankState.STARTING, attempt=job.attempt,
             task_arn=task_arn, task_definition_arn=template.task_definition_arn,
             container_inst_id=template.node, container_instance_arn=template.container_instance_arn,
             ec2_instance_id=template.ec2_instance_id, overrides=template.overrides, tags=template.tags,
-            group=template.group, started_by=started_by, registered_at=now, gpus=template.gpus,
+            group=template.group, started_by=started_by, registered_at=registered_at, gpus=template.gpus,
             earlier_tasks=previous.tasks_before(job.attempt) if previous is not None else ()))
         return self.latches.arrive(job.job_id, job.attempt, job.world_size, template.rank, [Latch.REGISTERED],
-                                   node=template.node, registered_at=now)
+                                   node=template.node, registered_at=registered_at)
