@@ -101,8 +101,10 @@ class PlacementResult(CampaignResult):
             if not self.facts.get("marked_busy"):
                 problems.append("the pool was never refilled by marking a busy node")
             # Issue 41's bound, unbroken: a broken call costs a retry (a minute or two), and a
-            # fault whose own handling failed lets the other scheduler take node-b meanwhile.
-            if self.fault is None and (self.fault_to_running is None or self.fault_to_running > 90):
+            # fault whose own handling failed lets the other scheduler take node-b meanwhile. Not
+            # with calls failing at random either (seeds 3-22 at 1 %: 128-330 s in 7 of 20).
+            if self.fault is None and self.failing is None and (
+                    self.fault_to_running is None or self.fault_to_running > 90):
                 problems.append(f"fault to every rank RUNNING: {self.fault_to_running} s (want at most 90)")
             elif self.fault_to_running is None:
                 problems.append("the job never ran again after its fault")
