@@ -46,10 +46,10 @@ def test_a_rank_recorded_ended_but_not_counted_is_counted_by_the_next_stop_round
         rank_one_end_dies: dict[str, Any]) -> None:
     """Given a 2-node job allowed one application-error restart whose rank 1 exits 1 (its
     GPU's diag then passes: an application error), When every handling of rank 1's stop dies
-    after writing the rank FAILED (its event's three deliveries, dead-lettered, and the first
-    paced round's), Then once that stops, the next
-    round counts rank 1's end (its task described STOPPED, handled as its event): node-b is
-    checked, and the job restarts on both nodes well before the health-check backstop."""
+    after writing the rank FAILED (its event's three deliveries, dead-lettered, and any paced
+    round's in the first six minutes), Then the next round after that counts rank 1's end (its
+    task described STOPPED, handled as its event): node-b is checked (healthy), and the job
+    restarts on both nodes well before the health-check backstop."""
     with world() as w:
         for node in ("node-a", "node-b"):
             w.ecs.add_node(node)
@@ -71,3 +71,6 @@ def test_a_rank_recorded_ended_but_not_counted_is_counted_by_the_next_stop_round
             [(h["to"], h.get("reason")) for h in job["history"]]
         assert w.ranks_on("uncounted") == ["node-a", "node-b"]
         assert w.node_item("node-b")["instance_state"] == "AVAILABLE"
+        node_b = w.ecs.node("node-b").container_instance_id
+        verdicts = {s.node: s.verdict.value for s in w.repo.faults.suspects("uncounted", 1)}
+        assert verdicts.get(node_b) == "HEALTHY", verdicts
