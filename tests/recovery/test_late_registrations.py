@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.recovery.ranks import RankOperations
 from gpu_recovery.repository.registrations import RegistrationRepository
 from local_mode.remediation_scenarios import MIN, world
+from tests.remediation.steps import application_error_on_node_b
 
 
 def _failing_registrations(monkeypatch: pytest.MonkeyPatch, failures: int) -> dict[str, Any]:
@@ -61,13 +61,7 @@ def test_a_restarted_rank_registered_late_dates_the_gang_from_its_tasks_start(
     not when rank 1's registration landed."""
     failing = request.getfixturevalue(late)
     with world() as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("late", w.training_task_definition, ["node-a", "node-b"],
-                        extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
-        w.ecs.run_for(MIN)
-        placed = len(w.ecs.placements)
-        w.ecs.inject_gpu_fault("node-b", after=10, health="healthy", nccl_cascade=True)
+        placed = application_error_on_node_b(w, "late")
         w.ecs.run_for(15 * MIN)
         job = w.job("late")
         assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), [h["to"] for h in job["history"]]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gpu_recovery import constants as C
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.repository.latches import LatchRepository
 from local_mode.remediation_scenarios import MIN, world
+from tests.remediation.steps import application_error_on_node_b
 
 TRAINING_RULE = "training-task-state"
 
@@ -51,12 +51,7 @@ def test_a_rank_recorded_ended_but_not_counted_is_counted_by_the_next_stop_round
     task described STOPPED, handled as its event): node-b is checked (healthy), and the job
     restarts on both nodes well before the health-check backstop."""
     with world() as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("uncounted", w.training_task_definition, ["node-a", "node-b"],
-                        extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
-        w.ecs.run_for(MIN)
-        w.ecs.inject_gpu_fault("node-b", after=10, health="healthy", nccl_cascade=True)
+        application_error_on_node_b(w, "uncounted")
         w.ecs.run_for(6 * MIN)
         job = w.job("uncounted")
         assert job["job_state"] == "PENDING_HEALTHCHECK", job["history"]

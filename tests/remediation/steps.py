@@ -1,5 +1,6 @@
 """Steps the remediation scenario tests share: a queued job as the jobs API writes it, a
-2-node queue job running on three nodes, the relocation waits a job's history records."""
+2-node queue job running on three nodes, the relocation waits a job's history records, a
+2-node job whose rank 1 exits on a healthy GPU."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def relocation_wait_entries(job: dict[str, Any]) -> list[str]:
     """The reasons of the job's history entries that say it waits for a node."""
     reasons = [str(h.get("reason", "")) for h in job.get("history", [])]
     return [r for r in reasons if r.startswith("waiting")]
+
+
+def application_error_on_node_b(w: Any, job_id: str) -> int:
+    """node-a and node-b, a job with a rank on each allowed one application-error restart, and,
+    a minute on, rank 1's exit on node-b whose diag will pass (an application error). Returns
+    how many tasks were placed before the fault."""
+    for node in ("node-a", "node-b"):
+        w.ecs.add_node(node)
+    w.ecs.start_job(job_id, w.training_task_definition, ["node-a", "node-b"],
+                    extra_tags={C.TAG_MAX_APP_RESTARTS: "1"})
+    w.ecs.run_for(60)
+    placed = len(w.ecs.placements)
+    w.ecs.inject_gpu_fault("node-b", after=10, health="healthy", nccl_cascade=True)
+    return placed

@@ -126,16 +126,8 @@ def test_a_restart_whose_node_is_taken_waits_for_it_instead_of_failing_and_says_
     (node-a, RESOURCE:GPU, the task holding it) shown by the jobs API, and restarts on
     node-a as soon as that task ends."""
     with world(relocation_wait_seconds=1800) as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("waits", w.training_task_definition, ["node-a", "node-b"])
-        w.ecs.run_for(MIN)
-        rogue = EagerScheduler(w.ecs, run_seconds=12 * MIN, honours_constraint=False,
-                               nodes=frozenset({"node-a"})).attach()
-        w.ecs.inject_gpu_fault("node-b", after=10, health="reboot_fixable", nccl_cascade=True)
-        w.ecs.run_for(8 * MIN)
+        rogue = _restart_on_a_taken_node(w, 8 * MIN)
         assert [n for _, n, _ in rogue.started] == ["node-a"]
-        rogue.active = False
         job = w.job("waits")
         assert job["job_state"] == "PENDING_RESTART", job["history"]
         node_a = w.ecs.node("node-a").container_instance_id
@@ -155,6 +147,22 @@ def test_a_restart_whose_node_is_taken_waits_for_it_instead_of_failing_and_says_
         assert not w.bus.dead_letters
 
 
+def _restart_on_a_taken_node(w: Any, seconds: float) -> EagerScheduler:
+    """The job "waits" on node-a/node-b, a scheduler that ignores the placement constraint
+    taking node-a the moment its rank stops (its task runs 12 minutes), and node-b's GPU fault
+    (reboot); ``seconds`` on, that scheduler places no more (returned, with what it started)."""
+    for node in ("node-a", "node-b"):
+        w.ecs.add_node(node)
+    w.ecs.start_job("waits", w.training_task_definition, ["node-a", "node-b"])
+    w.ecs.run_for(MIN)
+    rogue = EagerScheduler(w.ecs, run_seconds=12 * MIN, honours_constraint=False,
+                           nodes=frozenset({"node-a"})).attach()
+    w.ecs.inject_gpu_fault("node-b", after=10, health="reboot_fixable", nccl_cascade=True)
+    w.ecs.run_for(seconds)
+    rogue.active = False
+    return rogue
+
+
 def _attribute(w: Any, name: str) -> str | None:
     ci = w.ecs.ci_description(w.ecs.node(name))
     values = {a["name"]: a.get("value") for a in ci.get("attributes") or []}
@@ -170,15 +178,7 @@ def test_a_waiting_restart_outlasts_an_ecs_outage_at_the_moment_its_node_frees()
     the wait's bound); it restarts on node-a and node-b once ECS answers again,
     with no failure e-mail and no dead letter."""
     with world(relocation_wait_seconds=1800) as w:
-        for node in ("node-a", "node-b"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("waits", w.training_task_definition, ["node-a", "node-b"])
-        w.ecs.run_for(MIN)
-        rogue = EagerScheduler(w.ecs, run_seconds=12 * MIN, honours_constraint=False,
-                               nodes=frozenset({"node-a"})).attach()
-        w.ecs.inject_gpu_fault("node-b", after=10, health="reboot_fixable", nccl_cascade=True)
-        w.ecs.run_for(9 * MIN)
-        rogue.active = False
+        _restart_on_a_taken_node(w, 9 * MIN)
         before = w.job("waits")
         assert before["job_state"] == "PENDING_RESTART" and before.get("restart_wait"), before["history"]
         for phase, operations, minutes in ((1, ("ListTasks", "DescribeTasks"), 2.5),
