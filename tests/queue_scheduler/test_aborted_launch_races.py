@@ -14,7 +14,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.queue.admission import FailureKind
 from tests.fixtures.queue_cluster import make_queue_cluster
-from tests.queue_scheduler._cluster_moves import at_start_task, launch_dies_registering, steal_gpus
+from tests.queue_scheduler._cluster_moves import at_start_task, launch_dies_registering, steal_gpus, throttled
 from tests.queue_scheduler._launches import launch_that_fails_on_node_1
 
 
@@ -206,3 +206,30 @@ def test_an_abort_leaves_to_the_sweep_a_rank_another_invocation_marked_and_never
         assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)
     finally:
         gen.close()
+
+
+def test_a_rank_whose_registration_was_throttled_after_its_start_keeps_its_lease_and_is_stopped(
+        qc, monkeypatch):
+    """Given a 2-node launch whose rank 1 was placed by StartTask and whose registration is then
+    throttled (DynamoDB's throttle past botocore's retries), once
+    When the launch is aborted and the recovery sweep runs every minute
+    Then the throttle is not taken for ECS refusing the start: rank 1's lease stays open, and the
+    abort's stop ends only once rank 1's task, found by the lease's startedBy, is stopped."""
+    job = qc.submit(nnodes=2, gpus=8)
+    launches = qc.recovery.gang.launches
+    register = launches.register
+
+    def throttled_at_rank_1(job_: Any, template: Any, *args: Any, **kwargs: Any) -> Any:
+        if template.rank == 1:
+            monkeypatch.setattr(launches, "register", register)
+            raise throttled("PutItem")
+        return register(job_, template, *args, **kwargs)
+
+    monkeypatch.setattr(launches, "register", throttled_at_rank_1)
+    qc.scheduler().tick()
+    monkeypatch.undo()
+    assert qc.repo.jobs.get_rank(job, 1) is None
+    assert 1 in [int(t.tags[C.TAG_RANK]) for t in qc.live_tasks(job)]
+    _abort(qc, job)
+    _swept_until_stopped(qc, job, sweeps=int(C.LAUNCH_LEASE_SECONDS // 60) + 4)
+    assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)

@@ -562,8 +562,8 @@ class GangOps:
                 look_up=call.nodes if taken_over else (), tries=tries, found=found,
                 network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         except ClientError as error:
-            if not launch:
-                raise
+            if not launch or error.operation_name != "StartTask":
+                raise  # a look-up or a registration failed: the lease stays, its task may run
             # A queue launch's StartTask refused (its task definition or overrides: the launch
             # fails; throttled: the sweep sends it again): the launch's end decides.
             err = error.response.get("Error", {})
