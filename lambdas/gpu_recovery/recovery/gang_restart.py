@@ -35,6 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -62,13 +63,14 @@ from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, Susp
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
-from gpu_recovery.recovery.notices import Notices
+from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.restart_notices import fault_lines, restart_summary
 from gpu_recovery.recovery.restart_waits import NodesAndTheirTasks, RestartWaits
 from gpu_recovery.recovery.stage_data import RestartData
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.restarts import RestartRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
@@ -455,9 +457,19 @@ class GangRestart:
         are told by whoever made it so."""
         if job.state is not JobState.STARTING or job.restarted_attempt != job.attempt:
             return False
+        notice, reason, ledger, owed = self.confirmation(job, JobState.RUNNING)
+        if not self.records.confirm_running(job.job_id, job.attempt, reason, actor="recovery",
+                                            also=owed, ledger=ledger):
+            return False
+        self.recovered(job, notice)
+        return True
+
+    def confirmation(self, job: Job, to: JobState) -> tuple[Owed, str, dict[str, Any], list[Update]]:
+        """What confirms a gang restart leaving STARTING for ``to`` (RUNNING; COMPLETE if its ranks
+        finished first): the e-mail, the history's reason, the ledger's marks, the outbox item."""
         done, validations, validated = restart_summary(self.data.faults, job)
         notice = self.notices.for_job(
-            replace(job, state=JobState.RUNNING), None, NotificationKind.RECOVERED,
+            replace(job, state=to), None, NotificationKind.RECOVERED,
             "Job recovered and restarted",
             what_happened=job.last_error or "suspected GPU fault",
             what_was_done=f"{done}; all {job.world_size} ranks restarted as attempt {job.attempt}",
@@ -467,18 +479,18 @@ class GangRestart:
         )
         # The history says how the repaired nodes proved themselves (validation after repair).
         reason = "; ".join(["every rank restarted", *validations])
-        if not self.records.confirm_running(job.job_id, job.attempt, reason,
-                                            actor="recovery", also=self.notices.owe([notice]),
-                                            ledger={**self._running_marks(job),
-                                                    **goodput.validation_marks(validated)}):
-            return False
+        ledger = {**self._running_marks(job), **goodput.validation_marks(validated)}
+        return notice, reason, ledger, self.notices.owe([notice])
+
+    def recovered(self, job: Job, notice: Owed) -> None:
+        """After the confirmation committed (its e-mail owed with it): the nodes held for the
+        restart are released, the e-mail sent, the recovery counted."""
         self.released(job.job_id)
         self.notices.send([notice])
         self.metrics.add_metric("Recoveries", "Count", 1)
         if job.fault_started_at:
             self.metrics.add_metric("TimeToRestartSeconds", "Seconds",
                                          clock.now() - job.fault_started_at)
-        return True
 
     def resume(self, job: Job) -> str:
         """The sweep: a gang restart is confirmed once every rank is registered (its RUNNING

@@ -455,12 +455,26 @@ class TaskEvents:
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
             suspect_node=node if suspect else "", coupled_node=node if coupled else "", node=node)
         if Latch.DONE in arrival:
-            detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
-                job.job_id, current.attempt, JobState.COMPLETE, "every rank exited 0",
-                ledger=goodput.end_marks(ended_at)))
+            detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id,
+                                       self._complete(job, current.attempt, ended_at))
         if Latch.ENDED in arrival:
             detail["ended"] = self.on_attempt_ended(repo.jobs.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
+
+    def _complete(self, job: Job, attempt: int, ended_at: float | None) -> bool:
+        """Every rank of ``attempt`` exited 0: COMPLETE. A gang restart whose confirmation never
+        committed (its ranks finished first) is confirmed by the same transaction: its e-mail
+        owed, its time running counted as training in the goodput ledger."""
+        jobs = self.data.jobs
+        if job.state is JobState.STARTING and job.attempt == attempt == job.restarted_attempt:
+            notice, reason, ledger, owed = self.restarts.confirmation(job, JobState.COMPLETE)
+            if jobs.finish_job(job.job_id, attempt, JobState.COMPLETE, f"every rank exited 0; {reason}",
+                               from_states=[JobState.STARTING], also=owed,
+                               ledger={**ledger, **goodput.end_marks(ended_at)}):
+                self.restarts.recovered(job, notice)
+                return True
+        return jobs.finish_job(job.job_id, attempt, JobState.COMPLETE, "every rank exited 0",
+                               ledger=goodput.end_marks(ended_at))
 
     def _named_suspect(self, job: Job, rank: Rank) -> bool:
         """Is this rank's node a suspect of the job's fault? Every node with
