@@ -76,7 +76,7 @@ class RunResult(CampaignResult):
         for name, job in (("low", low), ("high", high)):
             if int(job.get("recoveries_used") or 0):
                 problems.append(f"{name} job spent {job.get('recoveries_used')} recoveries")
-        problems += launch_problems(self, high, self.tasks_started)
+        problems += launch_problems(self, self.jobs, self.tasks_started)
         if self.usage != {"alice": 0, "bob": 0}:
             problems.append(f"quota usage left {self.usage} (want 0)")
         if self.left_running:

@@ -32,7 +32,7 @@ from gpu_recovery.repository.time_sharing import QuotaRepository
 
 from ..sim.ecs import SimulatedEcs
 from ..world import World
-from .moved_jobs import moved_once, saved_once, unplaced_launch
+from .moved_jobs import moved_once, ran_on, relaunches, saved_once
 from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow, unfinished
 
 NODES = ("node-a", "node-b")
@@ -65,7 +65,7 @@ def expectations(result: RunResult) -> list[str]:
         if int(job.get("recoveries_used") or 0):
             problems.append(f"{name} job spent {job.get('recoveries_used')} recoveries")
     problems += moved_once(low, "low job")
-    problems += launch_problems(result, high, result.tasks_started)
+    problems += launch_problems(result, result.jobs, result.tasks_started)
     if result.usage != {"alice": 0, "bob": 0}:
         problems.append(f"quota usage left {result.usage} (want 0)")
     problems += saved_once(result.checkpoints)
@@ -78,16 +78,15 @@ def expectations(result: RunResult) -> list[str]:
     return problems
 
 
-def launch_problems(result: CampaignResult, high: dict[str, Any],
+def launch_problems(result: CampaignResult, jobs: dict[str, dict[str, Any]],
                     tasks_started: dict[str, list[int]]) -> list[str]:
     """Bob's job launched once (attempt 1) and every job's 2 training tasks started once per
-    attempt (``unplaced_launch``: one attempt more, the aborted one short)."""
-    problems = []
-    unplaced = unplaced_launch(result)
-    if int(high.get("attempt") or 0) not in ((1, 2) if unplaced else (1,)):
+    attempt (``relaunches``: one attempt more each, the aborted one short)."""
+    problems, high = [], jobs.get("high", {})
+    if not 1 <= int(high.get("attempt") or 0) <= 1 + relaunches(result, high):
         problems.append(f"high job at attempt {high.get('attempt')} (want 1)")
     for name, per_attempt in tasks_started.items():
-        whole = per_attempt[-1:] if unplaced else per_attempt
+        whole = per_attempt[-1:] if relaunches(result, jobs.get(name, {})) else per_attempt
         if any(count != 2 for count in whole) or any(count > 2 for count in per_attempt):
             problems.append(f"{name} job: training tasks started per attempt {per_attempt} (want 2 each)")
     return problems
@@ -216,7 +215,7 @@ class Preempting(Scenario[R]):
             started[name] = [sum(1 for t in tasks if t.tags.get(C.TAG_ATTEMPT) == str(a))
                              for a in range(1, attempts + 1)]
             left_running += [f"{name} attempt {t.tags.get(C.TAG_ATTEMPT)} on {t.node}" for t in tasks
-                             if t.tags.get(C.TAG_ATTEMPT) != str(attempts) and t.stop_code != "UserInitiated"]
+                             if t.tags.get(C.TAG_ATTEMPT) != str(attempts) and ran_on(t, jobs[name])]
         usage = {user: int((quotas.get(user, level) or {}).get("used_nodes") or 0)
                  for user, level in (("alice", int(Priority.LOW)), ("bob", int(Priority.HIGH)))}
         common["stuck"] = common["stuck"] + [f"charge of {j.get('job_id')}" for j in jobs.values()
