@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             problems = result.problems()
             print(json.dumps({"flow": flow, "calls_failing": args.calls_failing, "seed": args.seed,
                               "calls": len(result.calls), "broken": result.broken,
-                              "false_repairs": result.false_repairs, "problems": problems}),
+                              "false_repairs": result.false_repairs, "redriven": result.redriven,
+                              "problems": problems}),
                   file=report, flush=True)
             wrong += bool(problems)
             continue

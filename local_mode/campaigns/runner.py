@@ -78,6 +78,8 @@ class CampaignResult:
     then_fired: ApiCall | None = None
     #: a second task of one startedBy on one node (``invariants.started_twice``)
     started_twice: list[str] = field(default_factory=list)
+    #: the lost STOPPED events the DLQ runbook redrove (``redrive_lost_stops``)
+    redriven: list[str] = field(default_factory=list)
 
     def expectations(self) -> list[str]:
         """What ended wrong for this flow (its own checks)."""
@@ -270,12 +272,15 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         placed_before = len(sim.placements)
         scenario.start(world)
         checked = [0.0]
+        redriven: list[str] = []
 
         def ended() -> bool:  # read the jobs at most once a simulated minute
             if sim.now() < checked[0] + MIN:
                 return False
             checked[0] = sim.now()
             jobs = {job_id: repo.jobs.get_job(job_id) for job_id in job_ids}
+            if failing is not None:
+                redriven.extend(redrive_lost_stops(world, jobs))
             scenario.each_minute(world, jobs)
             return (all(job is not None and job.state.is_terminal for job in jobs.values())
                     and scenario.settled(world))
@@ -295,14 +300,41 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
             "repairs": [str(r) for r in sim.repairs.repairs()],
             "failing": failing,
             "broken": [f"{c.service}.{c.operation} {mode} at {c.site}" for c, mode in calls.broken],
+            "redriven": redriven,
         }
         return scenario.result(world, common)
+
+
+def redrive_lost_stops(world: World, jobs: Mapping[str, Job | None]) -> list[str]:
+    """With calls failing at random: the STOPPED events of a RUNNING job's ranks whose every
+    delivery met an injected failure, redriven as the DLQ runbook says (its alarm fired; the
+    sweep does not replay them for a job still RUNNING, docs/recovery-loop.md "Known limits"),
+    their calls the operator's (neither counted nor broken). What the redrive did: "task at"."""
+    running = {r.task_arn for job in jobs.values() if job is not None and job.state is JobState.RUNNING
+               for r in world.repo.jobs.get_ranks(job)
+               if r.attempt == job.attempt and not r.state.is_terminal}
+    done = []
+    for letter in list(world.bus.dead_letters):
+        event = letter.event if isinstance(letter.event, dict) else {}
+        detail = event.get("detail") or {}
+        if (event.get("detail-type") != "ECS Task State Change" or detail.get("lastStatus") != "STOPPED"
+                or detail.get("taskArn") not in running):
+            continue
+        tries = [d for d in world.bus.deliveries if d.event_id == event.get("id") and d.rule == letter.rule]
+        if not tries or any(d.ok or "(injected" not in str(d.error) for d in tries):
+            continue
+        with world.aws.call_faults.paused():
+            delivery = world.bus.redrive(letter)
+        outcome = "ok" if delivery.ok else delivery.error
+        done.append(f"{detail['taskArn']} at {world.ecs.now():.0f}: {outcome}")
+    return done
 
 
 def _dead_letters(world: World, failing: tuple[float, int] | None) -> int:
     """Events that exhausted their retries (scheduled runs not counted). With calls failing at
     random, each of an event's three deliveries can meet an injected failure: AWS's DLQ is there
-    for that, and the sweep finishes the event's work, which the flow's own checks hold. Then
+    for that, and the sweep finishes the event's work (a RUNNING job's STOPPED event: the
+    runbook's redrive, :func:`redrive_lost_stops`), which the flow's own checks hold. Then
     only a dead letter whose last delivery failed otherwise (a defect, not the dice) counts."""
     letters = [d for d in world.bus.dead_letters if d.rule not in SCHEDULES]
     if failing is not None:

@@ -528,6 +528,16 @@ class EventBus:
                     source.queue.delete(message.message_id)
         return out
 
+    def redrive(self, letter: DeadLetter) -> Delivery:
+        """The DLQ runbook's redrive of an event rule's ``letter`` (in process): taken off the
+        dead letters and delivered to its rule's target once more (failing, it is retried and
+        dead-lettered again as any delivery)."""
+        rule = next(r for r in self.rules if r.name == letter.rule)
+        with self._lock:
+            self.dead_letters.remove(letter)
+        return self._invoke(rule.name, rule.target, rule.target_name, letter.event, False, rule=rule,
+                            attempt=letter.attempts + 1)
+
     # --- inspection --------------------------------------------------------------
     def failures(self) -> list[Delivery]:
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from local_mode.campaigns import recovery
 from local_mode.campaigns.catalog import RUNS
 from local_mode.campaigns.runner import calls_failing
 
@@ -22,4 +23,17 @@ def test_a_flow_with_one_percent_of_its_calls_failing_repairs_no_healthy_node(fl
         result = RUNS[flow](None)
     assert result.failing == (RATE, seed)
     assert result.false_repairs == [], result.broken
+    assert result.problems() == [], result.broken
+
+
+def test_a_running_job_s_stop_lost_to_three_injected_failures_is_redriven_as_the_runbook_says() -> None:
+    """held_autoclose with 3 % of its calls failing, seed 7: rank 0's attempt-2 STOPPED event
+    (exit 0) meets an injected lost response on each of its three deliveries (the job's GetItem
+    twice, the rank's look-up once), so it is dead-lettered before anything is written, and the
+    sweep does not replay it for a RUNNING job (docs/recovery-loop.md, "Known limits"). The flow
+    redrives it as the DLQ runbook does (``runner.redrive_lost_stops``): the job completes, its
+    goodput ledger right; without the redrive it stayed RUNNING, 4560 s counted productive."""
+    with calls_failing(0.03, 7):
+        result = recovery.run("held_autoclose")
+    assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
     assert result.problems() == [], result.broken

@@ -138,6 +138,35 @@ def test_in_process_a_failed_target_is_retried_per_its_policy_then_dead_lettered
         assert world.bus.pending_retries() == 0
 
 
+def test_a_redriven_dead_letter_leaves_the_dlq_and_reaches_its_target_once_more() -> None:
+    """Given a rule's event dead-lettered after its three failed deliveries
+    When the DLQ runbook redrives it and its target now answers
+    Then it is delivered once more (attempt 4) and is no longer a dead letter; failing again, it
+    is a dead letter again at once (its retries spent)."""
+    with build_world(handlers=False) as world:
+        start = world.ecs.now()
+        fails = [True]
+
+        def flaky(_event: dict[str, Any], _context: Any) -> str:
+            if fails[0]:
+                raise RuntimeError("boom")
+            return "done"
+
+        world.bus.add_rule("scheduled", {"detail-type": ["Scheduled Event"]}, flaky, "flaky",
+                           retries=RECOVERY_RETRIES)
+        world.bus.put_events(scheduled_event("arn:aws:events:us-east-1:123456789012:rule/x", time=start))
+        world.ecs.run_for(600)
+        (dead,) = world.bus.dead_letters
+        again = world.bus.redrive(dead)
+        assert (again.ok, again.attempt, len(world.bus.dead_letters)) == (False, 4, 1)
+        assert world.bus.dead_letters[0] is not dead and world.bus.dead_letters[0].attempts == 4
+        assert world.bus.pending_retries() == 0
+        fails[0] = False
+        delivered = world.bus.redrive(world.bus.dead_letters[0])
+        assert (delivered.ok, delivered.result, delivered.attempt) == (True, "done", 5)
+        assert world.bus.dead_letters == []
+
+
 def test_in_process_a_retry_keeps_the_request_id_and_the_time_left_is_simulated() -> None:
     """Given the moto world's bus with a rule whose target fails, timing out after 60 s
     When two events are put and retried
