@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
 from gpu_recovery.domain.models import Job
+from gpu_recovery.recovery.notices import RETRY_SECONDS as OUTBOX_RETRY_SECONDS
 from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
@@ -287,7 +288,10 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
 
         sim.run_until_true(ended, max_seconds=scenario.run_limit_seconds)
         calls.disarm()
-        sim.run_for(scenario.settle_seconds)
+        # With calls failing at random, a lost Publish leaves its e-mail owed for the outbox's
+        # next try, RETRY_SECONDS later: the settle covers it.
+        sim.run_for(scenario.settle_seconds if failing is None
+                    else max(scenario.settle_seconds, OUTBOX_RETRY_SECONDS + MIN))
         common = {
             "fault": fault, "fired": calls.fired, "then_fired": calls.then_fired, "calls": list(calls.calls),
             "stuck": stuck_items(world, repo),
