@@ -310,13 +310,13 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
 
 
 def redrive_lost_stops(world: World, jobs: Mapping[str, Job | None]) -> list[str]:
-    """With calls failing at random: the STOPPED events of a RUNNING job's ranks whose every
-    delivery met an injected failure, redriven as the DLQ runbook says (its alarm fired; the
+    """With calls failing at random: the STOPPED events of a RUNNING job's current ranks whose
+    every delivery met an injected failure (a first delivery may have written the rank's end but
+    not counted it), redriven as the DLQ runbook says (its alarm fired; the
     sweep does not replay them for a job still RUNNING, docs/recovery-loop.md "Known limits"),
     their calls the operator's (neither counted nor broken). What the redrive did: "task at"."""
     running = {r.task_arn for job in jobs.values() if job is not None and job.state is JobState.RUNNING
-               for r in world.repo.jobs.get_ranks(job)
-               if r.attempt == job.attempt and not r.state.is_terminal}
+               for r in world.repo.jobs.get_ranks(job) if r.attempt == job.attempt}
     done = []
     for letter in list(world.bus.dead_letters):
         event = letter.event if isinstance(letter.event, dict) else {}
