@@ -312,17 +312,17 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
 def redrive_lost_stops(world: World, jobs: Mapping[str, Job | None]) -> list[str]:
     """With calls failing at random: the STOPPED events of a RUNNING job's current ranks whose
     every delivery met an injected failure (a first delivery may have written the rank's end but
-    not counted it), redriven as the DLQ runbook says (its alarm fired; the
-    sweep does not replay them for a job still RUNNING, docs/recovery-loop.md "Known limits"),
-    their calls the operator's (neither counted nor broken). What the redrive did: "task at"."""
-    running = {r.task_arn for job in jobs.values() if job is not None and job.state is JobState.RUNNING
+    not counted it), redriven as the DLQ runbook says (its alarm fired; the sweep does not replay
+    them for a job still RUNNING, docs/recovery-loop.md "Known limits"), their calls the
+    operator's (neither counted nor broken). What the redrive did: "task at"."""
+    current = {r.task_arn for job in jobs.values() if job is not None and job.state is JobState.RUNNING
                for r in world.repo.jobs.get_ranks(job) if r.attempt == job.attempt}
     done = []
     for letter in list(world.bus.dead_letters):
         event = letter.event if isinstance(letter.event, dict) else {}
         detail = event.get("detail") or {}
         if (event.get("detail-type") != "ECS Task State Change" or detail.get("lastStatus") != "STOPPED"
-                or detail.get("taskArn") not in running):
+                or detail.get("taskArn") not in current):
             continue
         tries = [d for d in world.bus.deliveries if d.event_id == event.get("id") and d.rule == letter.rule]
         if not tries or any(d.ok or "(injected" not in str(d.error) for d in tries):
