@@ -327,7 +327,9 @@ def test_eight_ranks_failing_at_once_from_threads_give_one_health_check_per_inst
 @pytest.mark.slow
 def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
     """Given ECS/EC2 throttle and 5xx a few times (fewer than the retry budget),
-    Then the standard retry mode absorbs them and the job is recovered."""
+    Then the standard retry mode absorbs them, but for StartTask's 5xx: botocore does not send a
+    StartTask again once it may have acted (adapters.aws), the loop looks its task up and starts
+    it again itself. The job is recovered."""
     from local_mode.sim.api_errors import ATTEMPTS
 
     start(cluster, "flaky", ["node-a", "node-b"])
@@ -338,6 +340,7 @@ def test_transient_api_errors_are_absorbed(cluster: Cluster) -> None:
     cluster.sim.run_for(20 * MIN)
     assert cluster.job("flaky").attempt == 2
     assert not cluster.bus.dead_letters
+    assert cluster.local.faults.count("ecs", "StartTask") == ATTEMPTS - 2  # each answered 500
 
 
 # Slow tier (CI runs it: make test-slow): a whole emulated recovery (~3-5 s); make test

@@ -26,7 +26,8 @@ def steal_gpus(qc: Any, node: str) -> str:
 
 def throttled(operation: str) -> ClientError:
     """AWS's throttle of ``operation``, past botocore's retries."""
-    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, operation)
+    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                        "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
 
 
 def launch_dies_registering(qc: Any, monkeypatch: Any, rank: int) -> None:

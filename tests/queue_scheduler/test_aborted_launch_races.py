@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
@@ -230,6 +232,34 @@ def test_a_rank_whose_registration_was_throttled_after_its_start_keeps_its_lease
     monkeypatch.undo()
     assert qc.repo.jobs.get_rank(job, 1) is None
     assert 1 in [int(t.tags[C.TAG_RANK]) for t in qc.live_tasks(job)]
+    _abort(qc, job)
+    _swept_until_stopped(qc, job, sweeps=int(C.LAUNCH_LEASE_SECONDS // 60) + 4)
+    assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)
+
+
+def test_a_start_task_that_failed_server_side_after_placing_its_task_keeps_its_lease_and_is_stopped(
+        qc, monkeypatch):
+    """Given a 2-node launch whose first StartTask placed its task and then answered 500 (ECS's
+    ServerException: the call may have acted; botocore does not send it again, adapters.aws)
+    When the launch is aborted and the recovery sweep runs every minute
+    Then the error is not taken for ECS refusing the start: the leases stay open, and the abort's
+    stop ends only once every task, found by its lease's startedBy, is stopped."""
+    job = qc.submit(nnodes=2, gpus=8)
+    ecs = qc.recovery.gang.ecs
+    start_task = ecs.start_task
+
+    def placed_then_server_error(**kwargs: Any) -> Any:
+        monkeypatch.setattr(ecs, "start_task", start_task)
+        start_task(**kwargs)
+        raise ClientError({"Error": {"Code": "ServerException", "Message": "internal error"},
+                           "ResponseMetadata": {"HTTPStatusCode": 500}}, "StartTask")
+
+    monkeypatch.setattr(ecs, "start_task", placed_then_server_error)
+    qc.scheduler().tick()
+    monkeypatch.undo()
+    started = qc.live_tasks(job)
+    assert started and all(qc.repo.jobs.get_rank(job, int(t.tags[C.TAG_RANK])) is None
+                           for t in started if C.TAG_RANK in t.tags)
     _abort(qc, job)
     _swept_until_stopped(qc, job, sweeps=int(C.LAUNCH_LEASE_SECONDS // 60) + 4)
     assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)

@@ -256,7 +256,8 @@ def test_a_start_task_refused_for_its_overrides_fails_the_launch_without_retry(q
     job = qc.submit(nnodes=2, gpus=8)
     _start_task_refused(qc, monkeypatch, ClientError(
         {"Error": {"Code": "InvalidParameterException",
-                   "Message": "Override for container named x is not a container in the TaskDefinition."}},
+                   "Message": "Override for container named x is not a container in the TaskDefinition."},
+         "ResponseMetadata": {"HTTPStatusCode": 400}},
         "StartTask"))
     [launch] = qc.scheduler().tick().launches
     assert launch["action"] == "failed" and launch["kind"] == "USER_ERROR"

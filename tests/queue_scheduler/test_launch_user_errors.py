@@ -72,7 +72,8 @@ def test_a_start_task_refused_for_the_jobs_overrides_fails_it_told_why(qc, monke
     message = "Override for container named x is not a container in the TaskDefinition."
 
     def refused(**_: Any) -> Any:
-        raise ClientError({"Error": {"Code": "InvalidParameterException", "Message": message}}, "StartTask")
+        raise ClientError({"Error": {"Code": "InvalidParameterException", "Message": message},
+                           "ResponseMetadata": {"HTTPStatusCode": 400}}, "StartTask")
 
     job = qc.submit(nnodes=2, gpus=8)
     monkeypatch.setattr(qc.recovery.gang.ecs, "start_task", refused)

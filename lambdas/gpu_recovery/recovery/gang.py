@@ -47,6 +47,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
+from gpu_recovery.adapters.errors import refused
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     LAUNCH_LEASE_SECONDS,
@@ -562,8 +563,10 @@ class GangOps:
                 look_up=call.nodes if taken_over else (), tries=tries, found=found,
                 network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         except ClientError as error:
-            if not launch or error.operation_name != "StartTask":
-                raise  # a look-up or a registration failed: the lease stays, its task may run
+            if not launch or error.operation_name != "StartTask" or not refused(error):
+                # A look-up or a registration failed, or StartTask failed server-side (5xx): the
+                # lease stays, its task may run.
+                raise
             # A queue launch's StartTask refused (its task definition or overrides: the launch
             # fails; throttled: the sweep sends it again): the launch's end decides.
             err = error.response.get("Error", {})
