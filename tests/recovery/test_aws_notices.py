@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from botocore.exceptions import ReadTimeoutError
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from gpu_recovery import constants as C
 from gpu_recovery.domain import aws_notices as n
@@ -230,6 +230,41 @@ def test_a_spot_warning_stops_and_moves_a_relocatable_tag_registered_job_at_once
         _moved(w, "tagged", arns)
         assert [m.subject for m in mails(w) if m.job_id == "tagged"] == [
             next(m.subject for m in mails(w) if m.job_id == "tagged" and "moved off" in m.subject.lower())]
+
+
+def test_a_spot_warning_stops_the_rank_on_the_announced_node_first() -> None:
+    """The deadline is the announced node's rank's alone (a large gang's stop is paced by the
+    stack's ECS budget): its StopTask is the move's first, and the gang's stop, which finds it
+    asked, does not ask it again."""
+    with world() as w:
+        w.ecs.spare_nodes = [IDLE]
+        arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})  # NODE: rank 1
+        notify(w, "spot_interruption")
+        assert w.ecs.stop_calls == [arns[1], arns[0]]
+        _moved(w, "tagged", arns)
+
+
+def test_a_first_stop_whose_stoptask_failed_is_asked_again_at_once() -> None:
+    """Given the StopTask of the announced node's rank throttled once (its rank marked asked),
+    Then the move's second try asks it again at once (StopTask is idempotent): the rank on the
+    node is not left to the sweep's minute."""
+    with world() as w:
+        w.ecs.spare_nodes = [IDLE]
+        arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
+        stop_task, failed = w.ecs.stop_task, []
+
+        def throttled_once(task_arn: str, reason: str) -> None:
+            if not failed:
+                failed.append(task_arn)
+                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
+            stop_task(task_arn, reason)
+
+        w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
+        notify(w, "spot_interruption")
+        assert failed == [arns[1]] and w.ecs.stop_calls[0] == arns[1]
+        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        _moved(w, "tagged", arns)
 
 
 def _moved(w: World, job_id: str, arns: list[str]) -> None:

@@ -95,6 +95,8 @@ class NoticeJobs(ReadsJob, Protocol):
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
+    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+
 
 class NoticeNodes(ReadsNodeItems, ReadsNode, Protocol):
     """The node AWS gave notice of (recorded if the loop never saw it)."""
@@ -366,17 +368,35 @@ class AwsNotices:
                                                     ledger=ledger, also=self.notices.owe([owed], now)):
                 return 0, False  # raced (or its answer lost): read again
             moved = 1
+            job = repo.jobs.get_job(job_id) or job
+        unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
+                  and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
+        if unsent:
+            self._stop_first(rank, str(job.stop_fanout.get("why") or "AWS notice"))
+        if moved:
             self.notices.send([owed])
             self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
-            job = repo.jobs.get_job(job_id) or job
             after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
-        unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
-                  and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
         if unsent and self.stop_gang is not None:
             return moved, bool(self.stop_gang(job))
         return moved, True
+
+    def _stop_first(self, rank: Rank, why: str) -> None:
+        """The job's rank on the node AWS takes, asked to stop before the gang's others: the
+        deadline is its alone, and a large gang's stop is paced by the stack's ECS budget. Marked
+        asked first (as the gang's stop does; a mark tried again finds it written and answers
+        False), then StopTask (idempotent), each tried again at once. The gang's stop finds it
+        asked; if this fails, the gang's stop asks it (not marked) or the sweep's ``_stop_again``
+        does (marked). Never raises: the move goes on."""
+        try:
+            _twice(partial(self.data.jobs.request_rank_stop, rank, why, clock.now()))
+            _twice(partial(self.ecs.stop_task, rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255]))
+        except (ClientError, BotoCoreError) as error:
+            logger.warning("the rank on the announced node not asked first: the gang's stop or the "
+                           "sweep asks it",
+                           extra={"job_id": rank.job_id, "rank": rank.rank, "error": str(error)})
 
     def _rearm(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float, *,
                drain_owed: bool) -> None:
