@@ -151,6 +151,26 @@ def test_a_late_completion_ends_the_training_when_its_last_task_ended() -> None:
     assert early.seconds["productive"] == pytest.approx(0)  # never before the open interval
 
 
+def test_a_restart_confirmed_after_its_ranks_ended_trains_until_they_ended() -> None:
+    """Given a gang restart whose ranks ran from 720 and ended (exit 0) at 960, its STARTING ->
+    RUNNING confirmation committed only at 1015 (its writes met failures) and its completion at
+    1020 (``held_reset`` at 3 % of calls failing, seed 29), Then it trained 720 -> 960 and the wall
+    ends at 960 (the ledger had counted to the confirmation: 55 s above the truth); folded at the
+    confirmation, the same."""
+    entries = [entry(0, "STARTING"), entry(1015, "RUNNING", gp.running_marks(720)),
+               entry(1020, "COMPLETE", gp.end_marks(960))]
+    book = ledger(entries, 5000)
+    assert book.seconds["restart"] == pytest.approx(720)
+    assert book.seconds["productive"] == pytest.approx(240)
+    assert book.wall == pytest.approx(960)
+    folded = gp.ledger_of({"goodput": gp.advance(None, entries[:2]).to_item(), "history": entries[2:]}, 5000)
+    assert folded.seconds == pytest.approx(book.seconds)
+    # Confirmed in time, an end mark before the open interval still counts nothing back.
+    on_time = ledger([entry(0, "STARTING"), entry(720, "RUNNING", gp.running_marks(720)),
+                      entry(1020, "COMPLETE", gp.end_marks(700))], 5000)
+    assert on_time.seconds["productive"] == pytest.approx(0) and on_time.wall == pytest.approx(720)
+
+
 def test_a_gang_restart_is_restart_until_rank_0_ran_and_the_preflight_until_it_concluded() -> None:
     """Issue 52: a gang restart is RUNNING once its last rank's StartTask was accepted; its
     tasks then pull their image: rank 0's RUNNING event (at 70) marks the time before it as

@@ -160,6 +160,9 @@ class Ledger:
     episode: dict[str, Any] = field(default_factory=dict)
     last_state: str = ""
     last_at: float | None = None
+    # Training counted before the open RUNNING interval's own entry: its confirmation committed
+    # after its ranks ran (``running_at``), so an end that came before that commit takes it back.
+    ran_before_confirmed: float = 0.0
 
     # ------------------------------------------------------------------ figures
     @property
@@ -202,7 +205,8 @@ class Ledger:
         return {"s": {c: round(v, 3) for c, v in self.seconds.items() if v}, "started_at": self.started_at,
                 "ended": self.ended, "faults": self.faults, "unknown": self.lost_work_unknown,
                 "nodes": _top_map(self.nodes), "rules": _top_map(self.rules), "episode": dict(self.episode),
-                "last_state": self.last_state, "last_at": self.last_at}
+                "last_state": self.last_state, "last_at": self.last_at,
+                **({"ahead": round(self.ran_before_confirmed, 3)} if self.ran_before_confirmed else {})}
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any] | None) -> Ledger:
@@ -220,6 +224,7 @@ class Ledger:
         ledger.episode = dict(item.get("episode") or {})
         ledger.last_state = str(item.get("last_state") or "")
         ledger.last_at = _float(item.get("last_at"))
+        ledger.ran_before_confirmed = float(item.get("ahead") or 0.0)
         return ledger
 
     # ------------------------------------------------------------------ folding
@@ -258,6 +263,7 @@ class Ledger:
             running = min(max(float(marks["running_at"]), start), end)
             self.add(cause, running - start)
             self.add(PRODUCTIVE, end - running)
+            self.ran_before_confirmed = end - running
             return
         if state in _STOPPING_STATES and marks.get("stopped_at") is not None:
             stopped = min(max(float(marks["stopped_at"]), start), end)
@@ -309,7 +315,7 @@ class Ledger:
             until = min(max(float(marks["until"]), self.last_at), at)
             if not self.ended and self.started_at is not None:
                 self.add(str(marks["was"]), until - self.last_at)
-            self.last_at = until
+            self.last_at, self.ran_before_confirmed = until, 0.0
             return
         if marks and marks.get("validated"):
             # The wait just closed held the repaired nodes' validation: repair -> validation.
@@ -317,9 +323,18 @@ class Ledger:
             self.seconds[REPAIR] -= moved
             self.seconds[VALIDATION] += moved
         if to in _WALL_END and marks and marks.get("ended_at") is not None:
+            ended_at = float(marks["ended_at"])
+            if self.last_state == JobState.RUNNING.value and self.last_at is not None and not self.ended \
+                    and ended_at < self.last_at and self.ran_before_confirmed > 0:
+                # Its ranks ended before its confirmation committed: the training counted from
+                # ``running_at`` stops at the end, not at the confirmation.
+                back = min(self.last_at - ended_at, self.ran_before_confirmed)
+                self.seconds[PRODUCTIVE] -= back
+                self.last_at -= back
             # The job's end as it happened, not as it was recorded (never before the open interval).
-            at = max(min(float(marks["ended_at"]), at), self.last_at if self.last_at is not None else at)
+            at = max(min(ended_at, at), self.last_at if self.last_at is not None else at)
         previous = self.last_state
+        self.ran_before_confirmed = 0.0
         self.close(at, marks)
         if self.started_at is None and to in (JobState.STARTING.value, JobState.RUNNING.value):
             self.started_at = at
