@@ -38,7 +38,8 @@ from botocore.compat import HTTPHeaders
 
 from gpu_recovery.adapters.aws import MAX_RETRIES
 
-#: (error code, HTTP status) pairs. Standard retry mode retries all three.
+#: (error code, HTTP status) pairs. Standard retry mode retries all three, but for StartTask's
+#: 5xx: it may have started its task, so it is not sent again (``gpu_recovery.adapters.aws``).
 THROTTLING = ("ThrottlingException", 400)
 INTERNAL = ("InternalError", 500)
 UNAVAILABLE = ("ServiceUnavailable", 503)
