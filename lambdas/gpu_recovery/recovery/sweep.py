@@ -321,12 +321,16 @@ class Sweep:
             if job.stop_fanout:
                 self.gang.stop_due(job, now)
             self._kick_checks(job)
-            if job.in_fault:
-                self._counted_after_repair(job)  # the restart's gate adds the shards
-            outcome = self.restarts.try_restart(job.job_id)
-            if outcome.action == "waiting":
+            # A found verdict moves the job on before every rank ended: the event that
+            # completed the latch may have died since, before counting the suspects.
+            action = self._suspects_counted_late(job)
+            if action is None:
+                if job.in_fault:
+                    self._counted_after_repair(job)  # the restart's gate adds the shards
+                action = self.restarts.try_restart(job.job_id).action
+            if action == "waiting":
                 repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
-            return f"restart_{outcome.action}"
+            return f"restart_{action}"
         if job.state is JobState.HELD:
             # Waiting for the breaker's reset (domain.breaker.hold): go on, fail, or wait.
             return self.holds.sweep(job, now, self.restarts.try_restart)
@@ -431,14 +435,21 @@ class Sweep:
             counted = faults.counted(job)
         return counted
 
-    def _settle_fault(self, job: Job) -> None:
+    def _suspects_counted_late(self, job: Job) -> str | None:
         """Every rank ended but the event that completed the latch died before counting the
-        suspects: count them (once), and conclude the fault if every verdict is in (or,
-        verdicts pending, move a relocatable job to a spare)."""
-        if job.tally.total is None and Latch.ENDED in self.data.latches.complete(
-                job.job_id, job.attempt, job.world_size):
-            self.faults.on_attempt_ended(job, job.attempt)
-        elif self._counted_after_repair(job).tally.all_decided:
+        suspects (its deliveries dead-lettered): count them (once) and go on as that event
+        would have (``on_attempt_ended``'s action). None: nothing to count."""
+        if not job.in_fault or job.tally.total is not None \
+                or Latch.ENDED not in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
+            return None
+        return self.faults.on_attempt_ended(job, job.attempt)
+
+    def _settle_fault(self, job: Job) -> None:
+        """The suspects counted late (above); then the fault concluded if every verdict is in
+        (or, verdicts pending, a relocatable job moved to a spare)."""
+        if self._suspects_counted_late(job) is not None:
+            return
+        if self._counted_after_repair(job).tally.all_decided:
             self.settlement.conclude(job)
         elif job.tally.ranks_ended:
             self.restarts.spare_first(job)  # a spare may have freed up, or a delivery died
