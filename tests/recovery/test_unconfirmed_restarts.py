@@ -14,6 +14,7 @@ from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.queue.jobs_api.reads import goodput_view
 from tests.recovery.fakes import world
 from tests.recovery.remediation_steps import report_xid
+from tests.recovery.test_goodput_ledger import running
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -53,3 +54,35 @@ def test_a_restart_confirmed_by_nobody_is_confirmed_by_its_completion(monkeypatc
     assert len(recovered) == 1
     assert ledger["seconds"]["productive"] == pytest.approx(100 + 300)
     assert ledger["seconds"]["restart"] == 0
+
+
+def test_a_restart_whose_batch_died_before_confirming_it_is_confirmed_by_rank_0_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given an application error (XID 13 on node-b) restarted in place as attempt 2, the batch
+    that registered its last rank throttled at the confirmation (STARTING -> RUNNING)
+    When rank 0's RUNNING event comes 5 s later (rank 1's first)
+    Then rank 0's event confirms it: RUNNING, the "recovered" e-mail sent once (not a minute or
+    more on, by the sweep; at 5 % of calls failing three placement runs in twelve trained to the
+    end unconfirmed)."""
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.advance(100)
+        report_xid(w, FAULTY, 13)
+        monkeypatch.setattr(w.service.restarts.records, "confirm_running", _lost)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.advance(7)
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+        monkeypatch.undo()
+        job = w.repo.jobs.get_job("j")
+        assert job is not None and (job.state, job.attempt) == (JobState.STARTING, 2)
+        w.advance(5)
+        rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
+        assert rank0 is not None and rank1 is not None and rank0.attempt == 2
+        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
+        assert w.repo.jobs.get_job("j").state is JobState.STARTING  # only rank 0's reads the job
+        w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
+        job = w.repo.jobs.get_job("j")
+        assert job is not None and (job.state, job.attempt) == (JobState.RUNNING, 2)
+        recovered = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
+    assert len(recovered) == 1
