@@ -208,8 +208,12 @@ class PlacementScenario(Scenario[PlacementResult]):
                 jobs[job_id] = (found.state.value, found.attempt, found.recoveries_used)
         names = sorted(sim.nodes)
         item = repo.jobs.get_job_item(JOB_ID) or {}
-        running = [float(h["at"]) for h in item.get("history") or []
-                   if h.get("to") == "RUNNING" and float(h["at"]) >= self.fault_at]
+        # RUNNING again, or a restart confirmed by its completion (its confirmation's writes all
+        # met failures while it trained): the ledger's mark says when its gang ran.
+        running = [float(h["at"]) if h.get("to") == "RUNNING" else float(h["gp"]["running_at"])
+                   for h in item.get("history") or []
+                   if (h.get("to") == "RUNNING" or (h.get("gp") or {}).get("running_at"))
+                   and float(h["at"]) >= self.fault_at]
         dead = "node-b" if self.flow == "full_cluster" else "node-c"
         dead_item = repo.instances.get_instance_item(sim.node(dead).container_instance_id) or {}
         judged = float((dead_item.get("last_fault") or {}).get("at") or 0) or None
