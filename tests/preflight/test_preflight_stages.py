@@ -354,6 +354,31 @@ def test_a_handover_whose_delivery_died_is_finished_by_the_sweep(w: World) -> No
     assert w.repo.preflight.get("j", 1).get(C.DEADLINE_SK) is None
 
 
+def test_a_handover_whose_entry_answer_was_lost_names_its_suspects_before_any_rank_ends(w: World) -> None:
+    """Given a preflight that pinned both ends of a degraded link, whose handover's entry into
+    recovery committed and lost its answer, When the sweep's run of the handover dies too (before
+    naming the suspects) and the sweep stops the ranks, which end, Then the fault counts both
+    pinned nodes: the job waits for their checks instead of restarting on them unchecked (the
+    pins named by the entry's own write; preflight_pin at 5 % of calls failing, seed 9)."""
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="restarts")
+    fabric = Fabric()
+    fabric.degrade_link("node-0", "node-1", 0.3)
+    w.repo.fail_once("rank_events.enter_recovery", "lose")
+    with pytest.raises(LostResponse):
+        Ranks(w, "j", nodes, fabric).run()
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    w.advance(61)
+    w.repo.fail_once("latches.arrive", "refuse")
+    w.service.sweep()
+    assert len(w.ecs.stop_calls) == 2
+    for arn in list(w.ecs.stop_calls):
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    job = w.repo.jobs.get_job("j")
+    assert (job.state, job.attempt, job.tally.total) == (JobState.PENDING_HEALTHCHECK, 1, 2)
+
+
 def test_a_report_whose_answer_was_lost_counts_once(w: World) -> None:
     nodes = nodes_of(2)
     queue_job(w, "j", nodes, mode="restarts")

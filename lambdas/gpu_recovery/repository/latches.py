@@ -82,8 +82,18 @@ class LatchRepository:
     def suspect_arrival(self, job_id: str, attempt: int, rank: int, node: str) -> Update:
         """``node`` named a suspect of the attempt's fault on ``rank``'s shard, as an update for
         a caller's transaction (``arrive`` with no latch, committed with the fault it names)."""
-        return Update(table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard_of(rank))},
-                      set_fields={"item_type": "LATCH"}, add_to_sets={"susp": {node}})
+        [update] = self.suspect_arrivals(job_id, attempt, [(rank, node)])
+        return update
+
+    def suspect_arrivals(self, job_id: str, attempt: int, named: Iterable[tuple[int, str]]) -> list[Update]:
+        """Each ``(rank, node)`` as :meth:`suspect_arrival`, one update per shard (a transaction
+        writes an item once)."""
+        shards: dict[int, set[str]] = {}
+        for rank, node in named:
+            shards.setdefault(shard_of(rank), set()).add(node)
+        return [Update(table=self.table, key={JOB_PK: latch_shard_key(job_id, attempt, shard)},
+                       set_fields={"item_type": "LATCH"}, add_to_sets={"susp": nodes})
+                for shard, nodes in sorted(shards.items())]
 
     def complete(self, job_id: str, attempt: int, world_size: int) -> frozenset[Latch]:
         """The attempt's complete latches (one read: the head)."""

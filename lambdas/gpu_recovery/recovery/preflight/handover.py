@@ -102,12 +102,19 @@ class PreflightHandover:
         nodes = ", ".join(f"{p['node']} (rank {p['rank']})" for p in pinned)
         reason = f"gang preflight pinned {nodes}: {str(pinned[0].get('reason') or '')[:200]}"
         in_recovery = joining
+        named = [(int(p["rank"]), str(p["node"])) for p in pinned]
+        entered = False
         if job.state in ACTIVE_JOB_STATES:
             entered = repo.rank_events.enter_recovery(
                 job_id, attempt, from_states=ACTIVE_JOB_STATES, reason=reason,
                 now=now, deadline_at=now + RETRY_INTERVAL_SECONDS, opened_by=Trigger.PREFLIGHT.value,
                 # The attempt ran its preflight, not training (issue 52).
-                ledger=goodput.interval_marks(goodput.PREFLIGHT, now))
+                ledger=goodput.interval_marks(goodput.PREFLIGHT, now),
+                # Its pinned nodes named suspects at the latch by the same write: the sweep sends
+                # the stop once it commits, and ranks all ended before a naming that came later
+                # (this call died after the commit) would count a fault with no suspect and
+                # restart on the pinned nodes unchecked (preflight_pin at 5 %, seed 9).
+                also=repo.latches.suspect_arrivals(job_id, attempt, named))
             in_recovery = entered
             if entered:
                 self.metrics.add_metric("FaultsDetected", "Count", 1)
@@ -122,9 +129,8 @@ class PreflightHandover:
                 if suspect.pending:
                     repo.faults.fence_suspect(suspect.node, {"job": job_id, "attempt": attempt, "at": now,
                                                              "why": "preflight"})
-        for pin in pinned:  # named suspects at the latch: counted once every rank ended
-            repo.latches.arrive(job_id, attempt, job.world_size, int(pin["rank"]), [],
-                                suspect_node=str(pin["node"]))
+        for rank, node in [] if entered else named:  # joining a fault: named at its latch now
+            repo.latches.arrive(job_id, attempt, job.world_size, rank, [], suspect_node=node)
         fresh = repo.jobs.get_job(job_id)
         if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES:
             # First the job's nodes reserved for it (before its ranks stop and free them).
