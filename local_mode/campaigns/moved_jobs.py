@@ -34,10 +34,14 @@ def ran_on(task: Any, job: Mapping[str, Any]) -> bool:
         return False
     if task.stopped_at is None:
         return True
-    admitted = f"admitted: attempt {task.tags.get(C.TAG_ATTEMPT)} "
+    attempt = task.tags.get(C.TAG_ATTEMPT)
+    # Its attempt's launch: an admission, or a suspended job's resume (queue/launcher.py).
+    launched = (f"admitted: attempt {attempt} ", "resumed (resume ")
     history = list(job.get("history") or [])
     for index, entry in enumerate(history):
-        if str(entry.get("reason") or "").startswith(admitted):
+        reason = str(entry.get("reason") or "")
+        if reason.startswith(launched[0]) or (reason.startswith(launched[1])
+                                              and f", attempt {attempt}) " in reason):
             ended = next((float(later["at"]) for later in history[index + 1:]
                           if later.get("to") not in (JobState.STARTING.value, JobState.RUNNING.value)), None)
             return ended is None or float(task.stopped_at) > ended
