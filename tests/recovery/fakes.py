@@ -516,6 +516,14 @@ class World:
         detail.update(stoppingAt=stamp, stoppedAt=stamp, executionStoppedAt=stamp, updatedAt=stamp)
         return EcsTaskDetail.model_validate(detail)
 
+    def task_running(self, task_arn: str, node: str, at: float) -> EcsTaskDetail:
+        """A training task's RUNNING event (the AWS documentation's example), at ``at``."""
+        detail = json.loads((EVENTS / "aws_doc_ecs_task_state_change.json").read_text())["detail"]
+        stamp = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        detail.update(taskArn=task_arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(node),
+                      group="gpujobs", updatedAt=stamp)
+        return EcsTaskDetail.model_validate(detail)
+
     def health_check_stopped(self, task: FakeTask, exit_code: int) -> EcsTaskDetail:
         task.last_status, task.exit_code, task.stopped_at = "STOPPED", exit_code, self.now[0]
         event = json.loads((EVENTS / "health_check_task_stopped.json").read_text())

@@ -4,8 +4,6 @@ measured where the stack learns it, attributed to the fault's node and catalog r
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -13,9 +11,8 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery import metric_names as M
 from gpu_recovery.constants import InstanceState, JobState, RankState
-from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.queue.jobs_api.reads import goodput_view
-from tests.recovery.fakes import CLUSTER_ARN, EVENTS, CountedCalls, World, ci_arn, world
+from tests.recovery.fakes import CountedCalls, World, world
 from tests.recovery.remediation_steps import report_xid
 
 FAULTY, PEER = "node-b", "node-a"
@@ -76,15 +73,6 @@ def test_a_gpu_fault_is_split_into_its_causes_and_charged_to_its_node_and_rule()
     assert ledger["checkpoint"]["step"] == 60
 
 
-def running(w: World, arn: str, node: str, at: float) -> EcsTaskDetail:
-    """The task's RUNNING event (the AWS documentation's example), at ``at``."""
-    detail = json.loads((EVENTS / "aws_doc_ecs_task_state_change.json").read_text())["detail"]
-    stamp = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-    detail.update(taskArn=arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(node), group="gpujobs",
-                  updatedAt=stamp)
-    return EcsTaskDetail.model_validate(detail)
-
-
 def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
     """Issue 52: a gang restart is RUNNING once its last rank's StartTask was accepted; its
     tasks then pull their images. Rank 0's RUNNING event 40 s later (delivered twice) marks
@@ -104,8 +92,8 @@ def test_a_gang_restart_is_restart_until_rank_0_runs_marked_once() -> None:
         w.advance(40)
         rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank0.attempt == 2
-        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
-        event = running(w, rank0.task_arn, PEER, w.now[0])
+        w.service.on_task_state_change(w.task_running(rank1.task_arn, FAULTY, w.now[0]))
+        event = w.task_running(rank0.task_arn, PEER, w.now[0])
         w.service.on_task_state_change(event)
         w.advance(5)
         w.service.on_task_state_change(event)  # at-least-once delivery
@@ -130,9 +118,9 @@ def test_a_restarted_ranks_running_event_reads_the_job_only_for_rank_0() -> None
         rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank1.attempt == 2
         reads = CountedCalls(w.repo.jobs, ("get_job",))
-        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
+        w.service.on_task_state_change(w.task_running(rank1.task_arn, FAULTY, w.now[0]))
         assert reads.calls == [] and w.repo.jobs.get_rank("j", 1).state is RankState.RUNNING
-        w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
+        w.service.on_task_state_change(w.task_running(rank0.task_arn, PEER, w.now[0]))
         assert reads.calls == ["get_job"]
 
 

@@ -14,7 +14,6 @@ from gpu_recovery.constants import JobState, NotificationKind
 from gpu_recovery.queue.jobs_api.reads import goodput_view
 from tests.recovery.fakes import world
 from tests.recovery.remediation_steps import report_xid
-from tests.recovery.test_goodput_ledger import running
 
 FAULTY, PEER = "node-b", "node-a"
 
@@ -79,9 +78,9 @@ def test_a_restart_whose_batch_died_before_confirming_it_is_confirmed_by_rank_0_
         w.advance(5)
         rank0, rank1 = w.repo.jobs.get_rank("j", 0), w.repo.jobs.get_rank("j", 1)
         assert rank0 is not None and rank1 is not None and rank0.attempt == 2
-        w.service.on_task_state_change(running(w, rank1.task_arn, FAULTY, w.now[0]))
+        w.service.on_task_state_change(w.task_running(rank1.task_arn, FAULTY, w.now[0]))
         assert w.repo.jobs.get_job("j").state is JobState.STARTING  # only rank 0's reads the job
-        w.service.on_task_state_change(running(w, rank0.task_arn, PEER, w.now[0]))
+        w.service.on_task_state_change(w.task_running(rank0.task_arn, PEER, w.now[0]))
         job = w.repo.jobs.get_job("j")
         assert job is not None and (job.state, job.attempt) == (JobState.RUNNING, 2)
         recovered = [n for n in w.notifier.sent if n.kind is NotificationKind.RECOVERED]
