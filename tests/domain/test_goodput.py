@@ -171,6 +171,30 @@ def test_a_restart_confirmed_after_its_ranks_ended_trains_until_they_ended() -> 
     assert on_time.seconds["productive"] == pytest.approx(0) and on_time.wall == pytest.approx(720)
 
 
+def test_a_fault_before_a_late_confirmation_is_detection_and_lost_work_from_its_checkpoint() -> None:
+    """Given a gang restart whose ranks ran from 720, checkpointed at 800 and failed at 900, its
+    confirmation committed only at 1015 and the fault's entry at 1030, Then it trained 720 -> 800,
+    lost 800 -> 900 and 900 -> 1030 was detection (the ledger had counted to the confirmation as
+    training and clipped the fault to it); folded at the confirmation, the same."""
+    fault = gp.fault_marks(fault_at=900, checkpoint_at=800, node="ci-1", rule="xid-79")
+    entries = [entry(0, "STARTING"), entry(1015, "RUNNING", gp.running_marks(720)),
+               entry(1030, "PENDING_HEALTHCHECK", fault)]
+    book = ledger(entries, 1030)
+    assert book.seconds["restart"] == pytest.approx(720)
+    assert book.seconds["productive"] == pytest.approx(80)
+    assert book.seconds["lost_work"] == pytest.approx(100)
+    assert book.seconds["detection"] == pytest.approx(130)
+    assert book.wall == pytest.approx(1030)
+    folded = gp.ledger_of({"goodput": gp.advance(None, entries[:2]).to_item(), "history": entries[2:]}, 1030)
+    assert folded.seconds == pytest.approx(book.seconds)
+    # Its checkpoint after the confirmation: only the time since it is lost.
+    later = ledger([entry(0, "STARTING"), entry(1015, "RUNNING", gp.running_marks(720)),
+                    entry(1130, "PENDING_HEALTHCHECK", gp.fault_marks(fault_at=1100, checkpoint_at=1050))],
+                   1130)
+    assert later.seconds["productive"] == pytest.approx(330)
+    assert later.seconds["lost_work"] == pytest.approx(50) and later.seconds["detection"] == pytest.approx(30)
+
+
 def test_a_gang_restart_is_restart_until_rank_0_ran_and_the_preflight_until_it_concluded() -> None:
     """Issue 52: a gang restart is RUNNING once its last rank's StartTask was accepted; its
     tasks then pull their image: rank 0's RUNNING event (at 70) marks the time before it as

@@ -239,9 +239,10 @@ class Ledger:
             if name:
                 costs[name] = costs.get(name, 0.0) + seconds
 
-    def close(self, until: float, closing: Mapping[str, Any] | None) -> None:
+    def close(self, until: float, closing: Mapping[str, Any] | None, ahead: float = 0.0) -> None:
         """Account the open interval (``last_state`` since ``last_at``) up to ``until``;
-        ``closing``: the ``gp`` facts of the transition that ends it."""
+        ``closing``: the ``gp`` facts of the transition that ends it; ``ahead``: of the time
+        before ``last_at``, how much the ranks trained before their confirmation committed."""
         if self.last_at is None or self.started_at is None or self.ended:
             return
         start, end = self.last_at, max(self.last_at, until)
@@ -254,7 +255,7 @@ class Ledger:
             self.add(PRODUCTIVE, end - until)
             return
         if state == JobState.RUNNING.value and marks.get("fault"):
-            self._close_running_on_fault(start, end, marks)
+            self._close_running_on_fault(start, end, marks, ahead)
             return
         cause = self._cause_of(state)
         if marks.get("fault"):  # a fault while starting, suspending, lost or hung: no training to lose
@@ -276,7 +277,8 @@ class Ledger:
                         "own": bool(marks.get("own"))}
         self.faults += 1
 
-    def _close_running_on_fault(self, start: float, end: float, marks: Mapping[str, Any]) -> None:
+    def _close_running_on_fault(self, start: float, end: float, marks: Mapping[str, Any],
+                                ahead: float) -> None:
         self._open_fault_episode(marks)
         fault_at = min(max(float(marks.get("fault_at", end)), start), end)
         self.add(APPLICATION_ERROR if self.episode["own"] else DETECTION, end - fault_at)
@@ -285,8 +287,10 @@ class Ledger:
             self.lost_work_unknown += 1
             self.add(PRODUCTIVE, fault_at - start)  # unknown: never guessed, shown as such
             return
-        redone_from = min(max(float(checkpoint), start), fault_at)
-        self.add(PRODUCTIVE, redone_from - start)
+        # A checkpoint saved before a late confirmation: the work since was counted as training.
+        redone_from = min(max(float(checkpoint), start - ahead), fault_at)
+        self.seconds[PRODUCTIVE] -= max(0.0, start - redone_from)
+        self.add(PRODUCTIVE, max(0.0, redone_from - start))
         self.add(APPLICATION_ERROR if self.episode["own"] else LOST_WORK, fault_at - redone_from)
 
     def _cause_of(self, state: str) -> str:
@@ -324,24 +328,30 @@ class Ledger:
             self.seconds[VALIDATION] += moved
         if to in _WALL_END and marks and marks.get("ended_at") is not None:
             ended_at = float(marks["ended_at"])
-            if self.last_state == JobState.RUNNING.value and self.last_at is not None and not self.ended \
-                    and ended_at < self.last_at and self.ran_before_confirmed > 0:
-                # Its ranks ended before its confirmation committed: the training counted from
-                # ``running_at`` stops at the end, not at the confirmation.
-                back = min(self.last_at - ended_at, self.ran_before_confirmed)
-                self.seconds[PRODUCTIVE] -= back
-                self.last_at -= back
+            self._ran_ahead_until(ended_at)
             # The job's end as it happened, not as it was recorded (never before the open interval).
             at = max(min(ended_at, at), self.last_at if self.last_at is not None else at)
+        elif marks and marks.get("fault") and marks.get("fault_at") is not None:
+            self._ran_ahead_until(float(marks["fault_at"]))
         previous = self.last_state
-        self.ran_before_confirmed = 0.0
-        self.close(at, marks)
+        ahead, self.ran_before_confirmed = self.ran_before_confirmed, 0.0
+        self.close(at, marks, ahead)
         if self.started_at is None and to in (JobState.STARTING.value, JobState.RUNNING.value):
             self.started_at = at
         if to in _WALL_END:
             self.ended = True
         self._update_episode(previous, to, marks or {})
         self.last_state, self.last_at = to, at
+
+    def _ran_ahead_until(self, ran_to: float) -> None:
+        """Ranks that trained before their confirmation committed ended (or failed) at ``ran_to``,
+        before it: the training counted from ``running_at`` stops there, not at the confirmation."""
+        if self.last_state == JobState.RUNNING.value and self.last_at is not None and not self.ended \
+                and ran_to < self.last_at and self.ran_before_confirmed > 0:
+            back = min(self.last_at - ran_to, self.ran_before_confirmed)
+            self.seconds[PRODUCTIVE] -= back
+            self.last_at -= back
+            self.ran_before_confirmed -= back
 
     def _update_episode(self, previous: str, to: str, marks: Mapping[str, Any]) -> None:
         cause = marks.get("cause")
