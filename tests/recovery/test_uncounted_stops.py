@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.recovery.task_events import TaskEvents
+from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.latches import LatchRepository
 from local_mode.remediation_scenarios import MIN, world
 from tests.remediation.steps import application_error_on_node_b
@@ -112,3 +114,40 @@ def test_a_restart_whose_last_rank_end_died_after_the_latch_counts_its_suspects_
         assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), \
             [(h["to"], h.get("reason")) for h in job["history"]]
         assert w.ranks_on("late") == ["node-a", "node-b"]
+
+
+def test_a_shard_completed_by_an_end_whose_head_write_died_is_counted_by_the_next_stop_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the same job, When every handling of its last rank's stop writes its end on the
+    latch's shard (completing it) and dies before the latch's head records the shard (its event
+    dead-lettered, and any round's handling in the first six minutes), Then the next stop round
+    still finds that rank uncounted and handles it as its event: the job restarts on both nodes
+    (the shard said "arrived", so no round looked again: the job waited for the health-check
+    backstop; ``preflight_pin`` at 5 % of calls failing, seed 24)."""
+    state = {"dying": True, "died": 0}
+    arrive = LatchRepository.arrive
+
+    def head_write_dies(self: LatchRepository, job_id: str, attempt: int, world_size: int, rank: int,
+                        latches: Any, **kwargs: Any) -> Any:
+        latches = list(latches)
+        arrival = arrive(self, job_id, attempt, world_size, rank, latches, **kwargs)
+        if state["dying"] and Latch.ENDED in arrival:  # the last end: it completed the shard
+            state["died"] += 1
+            self.base.db.apply(Update(table=self.table, key={C.JOB_PK: C.latch_head_key(job_id, attempt)},
+                                      delete_from_sets={Latch.ENDED.head_attribute: {0}}))
+            raise RuntimeError("the handling of the last rank's stop dies before the latch's head")
+        return arrival
+
+    monkeypatch.setattr(LatchRepository, "arrive", head_write_dies)
+    with world() as w:
+        application_error_on_node_b(w, "headless")
+        w.ecs.run_for(6 * MIN)
+        assert w.job("headless")["job_state"] == "PENDING_HEALTHCHECK"
+        assert state["died"] >= 3
+        assert [d for d in w.bus.dead_letters if d.rule == TRAINING_RULE], "the premise: a dead letter"
+        state["dying"] = False
+        w.ecs.run_for(14 * MIN)
+        job = w.job("headless")
+        assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), \
+            [(h["to"], h.get("reason")) for h in job["history"]]
+        assert w.ranks_on("headless") == ["node-a", "node-b"]

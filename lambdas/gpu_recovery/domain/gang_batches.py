@@ -38,11 +38,12 @@ class GangBatch:
     # A suspension's stop: its ranks stay in the heartbeat index until STOPPED (a node lost
     # under the stop is decided by the heartbeat sweep, not the stop rounds' backstop).
     watch: bool = False
+    world_size: int = 0  # the job's (0: a message of an older release: not known)
 
     def body(self) -> dict[str, Any]:
         return {"op": self.op, "job_id": self.job_id, "attempt": self.attempt, "first": self.first,
                 "last": self.last, "why": self.why[:300], "round": self.round,
-                "remediation": self.remediation, "watch": self.watch}
+                "remediation": self.remediation, "watch": self.watch, "world_size": self.world_size}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> GangBatch:
@@ -52,18 +53,19 @@ class GangBatch:
             job_id = str(body["job_id"])
             attempt, first, last = int(body["attempt"]), int(body["first"]), int(body["last"])
             round_ = int(body.get("round", 0))
+            world_size = int(body.get("world_size", 0))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"malformed gang batch {dict(body)!r}: {error}") from error
         if op not in (STOP, START) or not job_id or "#" in job_id or attempt < 1 or not 0 <= first < last \
                 or last - first > max(STOP_BATCH_RANKS, START_BATCH_RANKS):
             raise ValueError(f"malformed gang batch {dict(body)!r}")
         return cls(op, job_id, attempt, first, last, str(body.get("why") or ""), max(0, round_),
-                   bool(body.get("remediation", True)), bool(body.get("watch", False)))
+                   bool(body.get("remediation", True)), bool(body.get("watch", False)), max(0, world_size))
 
 
 def batches(op: str, job_id: str, attempt: int, world_size: int, *, why: str = "", round_: int = 0,
             remediation: bool = True, watch: bool = False) -> list[GangBatch]:
     size = STOP_BATCH_RANKS if op == STOP else START_BATCH_RANKS
     return [GangBatch(op, job_id, attempt, first, min(world_size, first + size), why, round_, remediation,
-                      watch)
+                      watch, world_size)
             for first in range(0, world_size, size)]

@@ -9,7 +9,7 @@
   for its backstop; its handling again is idempotent (a redelivery's).
 
 Only in the paced rounds: one DescribeTasks per 100 ranks, and the batch's latch shards (one
-item per 64 ranks) only when the batch has a rank recorded ended.
+item per 64 ranks) with the latch's head only when the batch has a rank recorded ended.
 """
 
 from __future__ import annotations
@@ -29,14 +29,19 @@ class DescribesTasks(Protocol):
 
 class CountsEnds(Protocol):
     def arrived(self, job_id: str, attempt: int, ranks: list[int], latch: Latch) -> set[int]: ...
+    def counted(self, job_id: str, attempt: int, world_size: int, ranks: list[int],
+                latch: Latch) -> set[int]: ...
 
 
 def ended_uncounted(latches: CountsEnds, batch: GangBatch, ranks: list[Rank]) -> list[Rank]:
-    """The batch's ranks (of its attempt) recorded ended whose end the latch did not count."""
+    """The batch's ranks (of its attempt) recorded ended whose end the latch did not count (nor
+    the latch's head the shard it completed: ``LatchRepository.counted``)."""
     ended = [r for r in ranks if r.state.is_terminal]
     if not ended:
         return []
-    counted = latches.arrived(batch.job_id, batch.attempt, [r.rank for r in ended], Latch.ENDED)
+    numbers = [r.rank for r in ended]
+    counted = latches.counted(batch.job_id, batch.attempt, batch.world_size, numbers, Latch.ENDED) \
+        if batch.world_size else latches.arrived(batch.job_id, batch.attempt, numbers, Latch.ENDED)
     return [r for r in ended if r.rank not in counted]
 
 
@@ -53,7 +58,7 @@ def handle_stopped(ecs: DescribesTasks, reactions: Reactions, todo: list[Rank],
         holding = rank.state in HOLDING_RANK_STATES
         task = described.get(rank.task_arn)
         if task is not None and task.get("lastStatus") == "STOPPED":
-            reactions.emit(StoppedEventLost(task))
+            reactions.emit(StoppedEventLost(task, rank))
             if holding:
                 stopped.append(rank.rank)
         elif holding:

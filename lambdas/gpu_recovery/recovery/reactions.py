@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.rank_template import RankTemplate
 from gpu_recovery.domain.validation import Repair
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
@@ -44,9 +44,12 @@ class TaskStopped:
 @dataclass(frozen=True)
 class StoppedEventLost:
     """A rank's task found STOPPED (DescribeTasks) while its stop was asked again: its STOPPED
-    event was lost (its retries spent), and is handled as that event."""
+    event was lost (its retries spent), and is handled as that event. ``rank``: the rank as the
+    round read it (the task's, whatever an earlier handling of the round did since: a restart
+    it completed registers the rank's next task)."""
 
     task: dict[str, Any]
+    rank: Rank | None = None
 
 
 @dataclass(frozen=True)

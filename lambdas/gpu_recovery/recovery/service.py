@@ -192,7 +192,7 @@ class RecoveryService:
             # A stopped task's node may be free: a restart waiting for it, a short spare pool.
             on(TaskStopped, lambda e: self.placement.on_task_stopped(e.container_instance_arn, e.job_id)),
             # A rank found STOPPED whose STOPPED event was lost: handled as that event.
-            on(StoppedEventLost, lambda e: self._lost_stopped_event(e.task)),
+            on(StoppedEventLost, lambda e: self._lost_stopped_event(e.task, e.rank)),
             # A job left a warned node at its checkpoint: the node may be repaired now.
             on(JobLeftNode, lambda e: self.warnings.after_move(e.node)),
             # The cordon sweep starts: the spare and reserved holds first.
@@ -264,10 +264,11 @@ class RecoveryService:
         visibility timeout (``adapters.queue.Redeliveries``); how many were."""
         return self.redeliveries.bring_forward(records) if self.redeliveries is not None and records else 0
 
-    def _lost_stopped_event(self, task: dict[str, Any]) -> Outcome:
+    def _lost_stopped_event(self, task: dict[str, Any], rank: Rank | None) -> Outcome:
         """A task found STOPPED by DescribeTasks whose STOPPED event never arrived (or was
-        dead-lettered): the event's own handling (DescribeTasks returns the event's detail)."""
-        return self.faults.on_task_state_change(EcsTaskDetail.model_validate(task))
+        dead-lettered): the event's own handling (DescribeTasks returns the event's detail), its
+        rank the one the round read (not looked up again)."""
+        return self.faults.on_task_state_change(EcsTaskDetail.model_validate(task), rank)
 
     def on_health_check_stopped(self, detail: EcsTaskDetail, invocation: Invocation | None = None) -> Outcome:
         """``invocation``: the Lambda invocation delivering the event (its verdict lease's

@@ -162,6 +162,29 @@ class LatchRepository:
                     found[int(rank)] = address
         return found
 
+    def counted(self, job_id: str, attempt: int, world_size: int, ranks: Iterable[int],
+                latch: Latch) -> set[int]:
+        """Which of ``ranks`` (of one or a few shards) arrived at ``latch`` for good: on their
+        shard, and that shard, once complete, on the head. The arrival that completed a shard
+        and died before the head's write counted none of its ranks: nothing else completes the
+        latch (one BatchGetItem: the shards and the head)."""
+        wanted = set(ranks)
+        head_key = latch_head_key(job_id, attempt)
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in sorted({shard_of(r) for r in wanted})]
+        items = [from_ddb(i) for i in self.base.db.batch_get(self.table, [*keys, {JOB_PK: head_key}])]
+        head: dict[str, Any] = next((i for i in items if i.get(JOB_PK) == head_key), {})
+        on_head = {int(s) for s in head.get(latch.head_attribute) or ()}
+        counted: set[int] = set()
+        for item in items:
+            members = {int(r) for r in item.get(latch.value) or ()} if item is not head else set()
+            if not members:
+                continue
+            shard = shard_of(min(members))
+            if shard_complete(world_size, shard, len(members)) and shard not in on_head:
+                continue
+            counted |= members & wanted
+        return counted
+
     def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:
         """Which of ``ranks`` (of one or a few shards) arrived at ``latch``."""
         wanted = set(ranks)
