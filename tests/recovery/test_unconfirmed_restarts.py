@@ -23,6 +23,19 @@ def _lost(*args: Any, **kwargs: Any) -> bool:
                       "TransactWriteItems")
 
 
+def restarted_unconfirmed(w: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job on node-a and node-b, 100 s on an application error (XID 13 on node-b) restarted in
+    place as attempt 2, its confirmation (STARTING -> RUNNING) throttled while it is patched."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.advance(100)
+    report_xid(w, FAULTY, 13)
+    monkeypatch.setattr(w.service.restarts.records, "confirm_running", _lost)
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    w.advance(7)
+    w.service.on_task_state_change(w.task_stopped(
+        arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+
+
 def test_a_restart_confirmed_by_nobody_is_confirmed_by_its_completion(monkeypatch: pytest.MonkeyPatch
                                                                       ) -> None:
     """Given an application error (XID 13 on node-b) restarted in place as attempt 2, whose
@@ -31,14 +44,7 @@ def test_a_restart_confirmed_by_nobody_is_confirmed_by_its_completion(monkeypatc
     Then the job is COMPLETE, operators got the "recovered" e-mail once, and the ledger counts
     the 300 s the restarted ranks ran as productive."""
     with world(max_app_restarts=1) as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        w.advance(100)
-        report_xid(w, FAULTY, 13)
-        monkeypatch.setattr(w.service.restarts.records, "confirm_running", _lost)
-        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        w.advance(7)
-        w.service.on_task_state_change(w.task_stopped(
-            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+        restarted_unconfirmed(w, monkeypatch)
         job = w.repo.jobs.get_job("j")
         assert job is not None and (job.state, job.attempt) == (JobState.STARTING, 2)
         w.advance(300)
@@ -64,14 +70,7 @@ def test_a_restart_whose_batch_died_before_confirming_it_is_confirmed_by_rank_0_
     more on, by the sweep; at 5 % of calls failing three placement runs in twelve trained to the
     end unconfirmed)."""
     with world(max_app_restarts=1) as w:
-        arns = w.register_job("j", [PEER, FAULTY])
-        w.advance(100)
-        report_xid(w, FAULTY, 13)
-        monkeypatch.setattr(w.service.restarts.records, "confirm_running", _lost)
-        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        w.advance(7)
-        w.service.on_task_state_change(w.task_stopped(
-            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+        restarted_unconfirmed(w, monkeypatch)
         monkeypatch.undo()
         job = w.repo.jobs.get_job("j")
         assert job is not None and (job.state, job.attempt) == (JobState.STARTING, 2)
