@@ -287,10 +287,10 @@ class Ledger:
             self.lost_work_unknown += 1
             self.add(PRODUCTIVE, fault_at - start)  # unknown: never guessed, shown as such
             return
-        # A checkpoint saved before a late confirmation: the work since was counted as training.
+        # A checkpoint saved before a late confirmation: the work since, counted as training
+        # already, is taken back (``redone_from`` before ``start``).
         redone_from = min(max(float(checkpoint), start - ahead), fault_at)
-        self.seconds[PRODUCTIVE] -= max(0.0, start - redone_from)
-        self.add(PRODUCTIVE, max(0.0, redone_from - start))
+        self.seconds[PRODUCTIVE] += redone_from - start
         self.add(APPLICATION_ERROR if self.episode["own"] else LOST_WORK, fault_at - redone_from)
 
     def _cause_of(self, state: str) -> str:

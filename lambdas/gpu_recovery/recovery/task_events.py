@@ -150,16 +150,15 @@ class TaskEvents:
             # attempt's goodput: no job read per rank.
             return Outcome("running", rank.job_id, {"rank": rank.rank})
         job = self.data.jobs.get_job(rank.job_id)
-        if job and job.state is JobState.STARTING and job.attempt == rank.attempt \
-                and job.restarted_attempt != job.attempt:
-            # A queue launch: RUNNING once every rank is registered (a gang restart is
-            # confirmed by the batch that registers its last rank, with its e-mail).
-            self.restarts.confirm_running(job, f"rank {rank.rank} running")
-        elif job and job.state is JobState.STARTING and job.attempt == rank.attempt:
-            # A gang restart still STARTING when rank 0 runs: a large one's batches go on, or the
-            # batch that registered its last rank died before confirming it (the sweep would, a
-            # minute or more on). One read of the latch's head per restart.
-            if Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
+        if job and job.state is JobState.STARTING and job.attempt == rank.attempt:
+            if job.restarted_attempt != job.attempt:
+                # A queue launch: RUNNING once every rank is registered (a gang restart is
+                # confirmed by the batch that registers its last rank, with its e-mail).
+                self.restarts.confirm_running(job, f"rank {rank.rank} running")
+            elif Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
+                # A gang restart still STARTING when rank 0 runs, every rank registered: the batch
+                # that registered the last one died before confirming it (the sweep would, a
+                # minute or more on). One read of the latch's head per restart.
                 self.restarts.on_started(job)
         elif job and rank.rank == 0 and job.state is JobState.RUNNING and job.attempt == rank.attempt:
             # A gang restart is RUNNING once its last rank's StartTask was accepted; its tasks

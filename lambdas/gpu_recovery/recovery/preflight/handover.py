@@ -129,8 +129,9 @@ class PreflightHandover:
                 if suspect.pending:
                     repo.faults.fence_suspect(suspect.node, {"job": job_id, "attempt": attempt, "at": now,
                                                              "why": "preflight"})
-        for rank, node in [] if entered else named:  # joining a fault: named at its latch now
-            repo.latches.arrive(job_id, attempt, job.world_size, rank, [], suspect_node=node)
+        if not entered:  # joining a fault (or entered by an earlier try): named at its latch now
+            for rank, node in named:
+                repo.latches.arrive(job_id, attempt, job.world_size, rank, [], suspect_node=node)
         fresh = repo.jobs.get_job(job_id)
         if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES:
             # First the job's nodes reserved for it (before its ranks stop and free them).
