@@ -53,6 +53,7 @@ class _Rank:
     node: str
     client: Any
     done: set[tuple[int, str]] = field(default_factory=set)
+    unsent: dict[tuple[int, str], tuple[int | None, str, float]] = field(default_factory=dict)
     busy: bool = False  # in a test
     ended: str = ""  # train | stop
 
@@ -163,6 +164,12 @@ class PreflightPrograms:
                                         "waiting to be stopped"])
             return
         round_ = int(step.get("round") or 0)
+        if action == "run":  # a result whose report failed is sent again while its round runs
+            for key in sorted(rank.unsent):
+                if key[0] == round_:
+                    self._send(rank, key)
+                else:
+                    del rank.unsent[key]
         todo = [t for t in step.get("tests") or () if (round_, str(t.get("id"))) not in rank.done] \
             if action == "run" else []
         if todo:
@@ -229,17 +236,23 @@ class PreflightPrograms:
                 f"({test.get('group_size')} node(s)): exit {exit_code} in {seconds:.1f} s")
         self._write(rank.task_arn, [head, *lines])
         if reporter:
-            try:
-                answer = rank.client.report(round_, str(test["id"]), exit_code, output, seconds,
-                                            f"10.0.0.{rank.rank % 250 + 1}")
-            except Exception as error:  # the round's bound judges it
-                self.errors.append(f"{rank.job_id}/{rank.rank} report: {error}")
+            rank.unsent[key] = (exit_code, output, seconds)
+            answer = self._send(rank, key)
+            if answer is None:
                 self._again(rank, ERROR_RETRY_SECONDS)
-                return
-            self._act(rank, answer)
+            else:
+                self._act(rank, answer)
             return
         self._poll(rank)
+
+    def _send(self, rank: _Rank, key: tuple[int, str]) -> dict[str, Any] | None:
+        """The client's send of a result (``send_report``): kept in ``rank.unsent`` while it fails."""
+        address = f"10.0.0.{rank.rank % 250 + 1}"
+        return self.client_lib.send_report(  # type: ignore[no-any-return]
+            rank.client, key, rank.unsent, address,
+            lambda message: self.errors.append(f"{rank.job_id}/{rank.rank}: {message}"))
 
     def _write(self, task_arn: str, lines: list[str]) -> None:
         if self.log is not None and lines:
             self.log(task_arn, lines)
+

@@ -72,7 +72,7 @@ except ImportError:  # pragma: no cover - Windows
 
 __version__ = "1.0.0"
 __all__ = ["ControlError", "PreflightClient", "SuspendClient", "checkpoint_saved", "go_suspend",
-           "receive_suspend_command", "run_preflight"]
+           "receive_suspend_command", "run_preflight", "send_report"]
 
 LOG = logging.getLogger("gpu_recovery_client")
 
@@ -854,6 +854,9 @@ def run_preflight(client: PreflightClient, runner: TestRunner, address: str = ""
     clock = clock or time.monotonic
     say = log or LOG.warning
     done: Set[Tuple[int, str]] = set()
+    # Results whose report failed for good (the API's retries spent): sent again at each poll
+    # while their round runs, so the stack's own failure never reads as a hung test.
+    unsent: Dict[Tuple[int, str], Tuple[Optional[int], str, float]] = {}
     failing_since: Optional[float] = None
     while True:
         try:
@@ -881,6 +884,12 @@ def run_preflight(client: PreflightClient, runner: TestRunner, address: str = ""
             return "stop"
         ran = False
         if action == "run":
+            round_ = int(step.get("round") or 0)
+            for key in sorted(unsent):
+                if key[0] == round_:
+                    send_report(client, key, unsent, address, say)
+                else:
+                    del unsent[key]  # its round is over: the round's bound judged it
             for test in step.get("tests") or []:
                 key = (int(step.get("round") or 0), str(test.get("id")))
                 if key in done:
@@ -890,12 +899,27 @@ def run_preflight(client: PreflightClient, runner: TestRunner, address: str = ""
                 done.add(key)
                 say("preflight round %s test %s: exit %s in %.1f s" % (key[0], key[1], exit_code, seconds))
                 if test.get("report"):
-                    try:
-                        client.report(key[0], key[1], exit_code, output, seconds, address)
-                    except ControlError as error:  # the round's bound judges it hung
-                        say("preflight report of %s failed: %s" % (key[1], error))
+                    unsent[key] = (exit_code, output, seconds)
+                    send_report(client, key, unsent, address, say)
         if not ran:
             sleep(_clamp_poll(step.get("poll_seconds"), DEFAULT_POLL_SECONDS))
+
+
+def send_report(client: PreflightClient, key: Tuple[int, str],
+                unsent: Dict[Tuple[int, str], Tuple[Optional[int], str, float]], address: str,
+                say: Callable[[str], Any]) -> Optional[Dict[str, Any]]:
+    """Send the result of ``key`` (round, test id) from ``unsent``: the answer, or None. Kept
+    in ``unsent`` while the API fails (a 5xx, a throttle, no answer); a refusal drops it."""
+    exit_code, output, seconds = unsent[key]
+    try:
+        answer = client.report(key[0], key[1], exit_code, output, seconds, address)
+    except ControlError as error:
+        say("preflight report of %s failed: %s" % (key[1], error))
+        if error.status is None or error.status >= 500 or error.status == 429:
+            return None  # sent again at the next poll while its round runs
+        answer = None
+    del unsent[key]
+    return answer
 
 
 POLL_BACKOFF_SECONDS = 5.0

@@ -217,8 +217,9 @@ def test_what_the_runner_runs_for_each_test() -> None:
 class ScriptedClient:
     """The control API's answers, in order; records the reports."""
 
-    def __init__(self, answers: list[Any]) -> None:
+    def __init__(self, answers: list[Any], report_failures: list[Exception] | None = None) -> None:
         self.answers = answers
+        self.report_failures = report_failures or []  # the first reports' failures, in order
         self.reports: list[tuple[int, str, int | None]] = []
 
     def step(self) -> dict[str, Any]:
@@ -236,6 +237,8 @@ class ScriptedClient:
         seconds: float | None = None,
         address: str = "",
     ) -> dict[str, Any]:
+        if self.report_failures:
+            raise self.report_failures.pop(0)
         self.reports.append((round_, test_id, exit_code))
         return {"action": "wait"}
 
@@ -272,6 +275,31 @@ def test_the_wrapper_runs_each_test_once_reports_its_own_and_ends_as_told() -> N
         client_lib.run_preflight(stop, lambda t: (0, "", 0.0), sleep=slept.append, log=lambda _m: None)
         == "stop"
     )
+
+
+def test_a_report_the_api_failed_is_sent_again_while_its_round_runs_and_never_after() -> None:
+    """The stack's own failure (its retries spent) must not read as a hung test: the result is
+    sent again at the next poll of its round; a refusal, or a round over, drops it."""
+    loopback = {"id": "loopback", "kind": "loopback", "report": True, **TEST}
+    gang = {"id": "gang", "kind": "group", "report": True, **TEST}
+    round_one = {"action": "run", "round": 1, "poll_seconds": 2, "tests": [loopback, gang]}
+    down = client_lib.ControlError("preflight POST refused: HTTP 503", 503, "unavailable")
+    client = ScriptedClient([round_one, round_one, round_one, {"action": "train", "status": "passed"}],
+                            report_failures=[down, down, down])
+    ran: list[str] = []
+    ended = client_lib.run_preflight(client, lambda t: (ran.append(t["id"]), (0, "out", 1.0))[1],
+                                     sleep=lambda _s: None, log=lambda _m: None)
+    # The loopback's and the gang's reports fail; at the next poll the gang's fails again and the
+    # loopback's gets through; the gang's at the poll after. Each test ran once.
+    assert ended == "train" and ran == ["loopback", "gang"]
+    assert client.reports == [(1, "loopback", 0), (1, "gang", 0)]
+
+    refused = client_lib.ControlError("preflight POST refused: HTTP 409", 409, "not_the_leader")
+    round_two = {"action": "run", "round": 2, "poll_seconds": 2, "tests": []}
+    client = ScriptedClient([round_one, round_two, {"action": "train", "status": "passed"}],
+                            report_failures=[refused, down])
+    client_lib.run_preflight(client, lambda t: (0, "out", 1.0), sleep=lambda _s: None, log=lambda _m: None)
+    assert client.reports == []  # the loopback refused (not again); the gang's round over
 
 
 def test_the_wrapper_never_blocks_training_on_an_unreachable_api() -> None:
