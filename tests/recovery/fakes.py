@@ -158,6 +158,8 @@ class FakeEcs:
         return StartResult(list(placed.values()), [], placed)
 
     def stop_task(self, task_arn: str, reason: str) -> None:
+        if self._fault("stop_task") == "refuse":
+            raise _throttled("StopTask")
         self.stop_calls.append(task_arn)
 
     def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None:

@@ -274,6 +274,19 @@ def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event()
         assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
 
 
+def test_a_stop_task_refused_for_one_rank_still_asks_the_batch_s_others_first() -> None:
+    """A throttled StopTask fails its batch (tried again) only once the batch's other ranks were
+    asked: the next rank may be the one on a node AWS takes at a deadline."""
+    with world() as w:
+        arns = w.register_job("pair", _nodes(3))
+        w.ecs.failures["stop_task"] = ["refuse"]  # rank 0's
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))  # "the sweep sends it"
+        assert w.ecs.stop_calls == [arns[1]]
+        w.advance(RECHECK_SECONDS)
+        w.service.sweep()  # rank 0 (marked, not asked) is asked again
+        assert arns[0] in w.ecs.stop_calls[1:]
+
+
 def test_a_stop_round_waits_for_the_fan_out_s_own_duration_at_the_stack_s_ecs_rate() -> None:
     """Stops that take longer than the recheck at the stack's ECS rate (8,192 ranks at 36 a
     second: 228 s) are not asked again while the first fan-out may still be stopping them."""

@@ -43,7 +43,7 @@ from collections.abc import Callable, Collection
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Protocol
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs_budget import RateLimited
@@ -405,6 +405,7 @@ class GangOps:
             if todo or uncounted:
                 todo, found = handle_stopped(self.ecs, self.reactions, todo, uncounted)
                 result.stopped.extend(found)
+        failure: ClientError | BotoCoreError | None = None
         for index, rank in enumerate(todo):
             if self._short_of_time(time_left):
                 result.done, result.rest, result.reason = False, replace(batch, first=rank.rank), "time"
@@ -419,8 +420,16 @@ class GangOps:
             if rank.state in LIVE_RANK_STATES and not repo.request_rank_stop(rank, batch.why, clock.now(),
                                                                               watched=batch.watch):
                 continue  # it ended (or was marked) meanwhile
-            self.ecs.stop_task(rank.task_arn, reason)
+            try:
+                self.ecs.stop_task(rank.task_arn, reason)
+            except (ClientError, BotoCoreError) as error:
+                # Marked: asked again by a redelivery or the paced rounds. The batch's other ranks
+                # are asked first (a node AWS takes at a deadline may be the next rank's).
+                failure = failure or error
+                continue
             result.stopped.append(rank.rank)
+        if failure is not None:
+            raise failure
 
     # --------------------------------------------------------------------- start
     def templates(self, job: Job) -> RankTemplates:
