@@ -20,7 +20,7 @@ from local_mode.sim.eager_scheduler import STARTED_BY, EagerScheduler
 from tests.remediation.steps import relocation_wait_entries
 
 
-def _late_stop_on(w: Any, node: str) -> Any:
+def _late_stop_on(w: Any, node: str, seconds: float = 90.0) -> Any:
     """A delivery delay for the STOPPED events of the training tasks on ``node``: 90 s (a
     sweep runs in between, and the container-instance event of the node that freed comes
     first). ECS's task events carry no tags: the node tells whose they are."""
@@ -28,7 +28,7 @@ def _late_stop_on(w: Any, node: str) -> Any:
 
     def delay(event: dict[str, Any]) -> float:
         detail = event.get("detail") or {}
-        return 90.0 if event.get("detail-type") == "ECS Task State Change" and \
+        return seconds if event.get("detail-type") == "ECS Task State Change" and \
             detail.get("lastStatus") == "STOPPED" and detail.get("containerInstanceArn") == arn \
             and not str(detail.get("group", "")).startswith(C.HEALTH_CHECK_GROUP) else 0.0
     return delay
@@ -70,6 +70,29 @@ def test_a_relocation_never_takes_a_node_whose_rank_stopped_before_its_stop_is_h
         assert w.node_item("node-c")["instance_state"] == "QUARANTINED"
         assert _started_on(w, "node-c", by_stack=True) == []
         assert not w.bus.dead_letters
+
+
+def test_a_waiting_relocation_handles_a_stop_whose_event_never_came_and_takes_the_node() -> None:
+    """Given a relocatable job waiting for a free node (its node-b dead, the cluster full),
+    When another team's job on node-d ends and its STOPPED event never arrives (dead-lettered),
+    Then the waiting relocation finds the node's recorded rank stopped in ECS, handles that
+    stop as its event, and moves onto node-d (not failing after its bound)."""
+    with world(relocation_wait_seconds=1800) as w:
+        for node in ("node-a", "node-b", "node-c", "node-d"):
+            w.ecs.add_node(node)
+        w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
+                        extra_tags={C.TAG_RELOCATABLE: "true"})
+        w.ecs.start_job("victim", w.training_task_definition, ["node-c"])
+        other = w.ecs.register_training_task_definition("other", gpus=8)
+        w.ecs.plan_family("other", run_seconds=12 * MIN, exit_code=0)
+        w.ecs.start_job("other", other, ["node-d"], started_by="other-team")
+        w.ecs.delivery_delay = _late_stop_on(w, "node-d", seconds=10**7)
+        w.ecs.inject_gpu_fault("node-b", after=MIN, health="replace", nccl_cascade=True)
+        w.ecs.run_for(6 * MIN)
+        assert w.job("reloc")["job_state"] == "PENDING_RESTART" and w.job("reloc").get("relocation_wait")
+        w.ecs.run_for(10 * MIN)
+        assert w.job("other")["job_state"] == "COMPLETE", w.job("other")["history"]
+        assert w.ranks_on("reloc") == ["node-a", "node-d"], w.job("reloc")["history"]
 
 
 def test_a_node_judged_dead_takes_no_work_from_another_scheduler_even_if_its_drain_call_fails() -> None:

@@ -81,19 +81,19 @@ class LiveRanksOnNodes(Protocol):
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
 
-def unhandled_stops(jobs: LiveRanksOnNodes, nodes: Iterable[SpareNode]) -> dict[str, str]:
-    """node id -> why, for each of ``nodes`` (as ECS describes them) where a rank the stack
-    records as holding GPUs has them free in ECS: its stop is not handled yet (one Query of
-    the live ranks on each node)."""
-    found: dict[str, str] = {}
+def unhandled_stops(jobs: LiveRanksOnNodes, nodes: Iterable[SpareNode]) -> dict[str, list[Rank]]:
+    """node id -> the ranks recorded there, for each of ``nodes`` (as ECS describes them) where
+    ranks the stack records as holding GPUs have them free in ECS: a stop not handled yet (one
+    Query of the live ranks on each node)."""
+    found: dict[str, list[Rank]] = {}
     for node in nodes:
         live = jobs.live_ranks_on_instance(node.node_id)
         recorded = sum(max(1, int(r.gpus or 0)) for r in live)
         if live and placement.unhandled_stop(free_gpus=node.free_gpus, total_gpus=node.total_gpus,
                                              recorded_gpus=recorded):
-            first = min(live, key=lambda r: (r.job_id, r.rank))
-            found[node.node_id] = (f"rank {first.rank} of job {first.job_id} is recorded on it but ECS shows "
-                                   "its GPUs free: its stop is not handled yet")
+            found[node.node_id] = sorted(live, key=lambda r: (r.job_id, r.rank))
     if found:
-        logger.warning("nodes left out: ECS and the stack's records disagree", extra={"nodes": found})
+        logger.warning("nodes left out: ECS shows their GPUs free, a rank recorded there has not ended",
+                       extra={"nodes": {n: f"rank {r[0].rank} of job {r[0].job_id}"
+                                        for n, r in found.items()}})
     return found

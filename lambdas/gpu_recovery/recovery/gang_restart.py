@@ -35,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -63,6 +63,7 @@ from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, Susp
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
+from gpu_recovery.recovery.lost_stop_events import DescribesTasks, handle_stopped
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.reactions import Reactions, ReservationsReleased
@@ -74,6 +75,10 @@ from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.restarts import RestartRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
+
+
+class RestartEcs(NodesAndTheirTasks, DescribesTasks, Protocol):
+    """A node's free GPUs and tasks (the waits); a task's status (a stop not handled yet)."""
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ class GangRestart:
     the jobs the breaker holds; ``nodes``: what recoveries hold, free nodes for a relocation;
     ``suspension_items``: a lent spare's queue job read."""
 
-    def __init__(self, data: RestartData, records: RestartRepository, ecs: NodesAndTheirTasks,
+    def __init__(self, data: RestartData, records: RestartRepository, ecs: RestartEcs,
                  notices: Notices, gang: GangOps, holds: HeldJobs, nodes: RestartNodes,
                  suspension_items: SuspensionRepository, *,
                  policy: RemediationPolicy, metrics: MetricsPort, settings: Settings,
@@ -109,6 +114,7 @@ class GangRestart:
         self.holds = holds
         self.nodes = nodes
         self.suspension_items = suspension_items
+        self.ecs = ecs
         # A restart whose nodes cannot take it now waits for them (domain.restart_wait).
         self.waits = RestartWaits(data.jobs, records, ecs,
                                   lambda job, reason, action: self.fail_waiting(job, reason, action),
@@ -245,6 +251,12 @@ class GangRestart:
             if waiting.action == "waiting":
                 # The wait is committed first; asked again on every retry (idempotent).
                 self._take_back_lent_spares(job, gpus, healthy)
+                if found.unhandled:
+                    # A rank whose task ECS shows stopped and whose STOPPED event was never
+                    # handled (dead-lettered) holds its node from every placement: handled as
+                    # that event (idempotent, as a redelivery's), the node free at the next try.
+                    after_commit("stops not handled yet", handle_stopped, self.ecs, self.reactions,
+                                 found.unhandled, [])
             return waiting
         return self._claim_moves(job, targets, why)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery.domain import placement
-from gpu_recovery.domain.models import Job, container_instance_id
+from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_targets, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
@@ -63,6 +63,8 @@ class FreeFor:
     targets: dict[str, SpareNode] | None
     gpus: list[int]
     healthy: dict[str, SpareNode]
+    #: ranks recorded on a node chosen whose GPUs ECS shows free (their stop not handled yet)
+    unhandled: list[Rank] = field(default_factory=list)
 
 
 class HeldJobReads(LiveRanksOnNodes, Protocol):
@@ -143,16 +145,19 @@ class RestartNodes:
         gpus = [registered.get(node, 0) or 1 for node in leaving]
         holds = repo.cordons.worklist().holds
         decided = {n for n, j in placement.reserved_of(holds).items() if j == job.job_id}
+        unhandled: list[Rank] = []
         for _ in range(_AGREE_ROUNDS):
             needs = dict(enumerate(gpus))
             # The nodes reserved for this job when its fault was seen first, then any.
             chosen = choose_targets(needs, [s for s in spares if s.node_id in decided]) \
                 or choose_targets(needs, spares)
             if chosen is None:
-                return FreeFor(None, gpus, healthy)
+                return FreeFor(None, gpus, healthy, unhandled)
             disagree = unhandled_stops(repo.jobs, chosen.values())
             if not disagree:
-                return FreeFor({leaving[index]: node for index, node in chosen.items()}, gpus, healthy)
+                return FreeFor({leaving[index]: node for index, node in chosen.items()}, gpus, healthy,
+                               unhandled)
+            unhandled += [r for ranks in disagree.values() for r in ranks]
             spares = [s for s in spares if s.node_id not in disagree]
             healthy = {n: s for n, s in healthy.items() if n not in disagree}
-        return FreeFor(None, gpus, healthy)
+        return FreeFor(None, gpus, healthy, unhandled)
