@@ -56,6 +56,7 @@ def test_suspect_exit_codes_are_configurable() -> None:
         (StopKind.SUSPECTED_GPU_FAULT, JobState.NODE_LOST, True, StopReaction.ENTER_RECOVERY),
         (StopKind.SUSPECTED_GPU_FAULT, JobState.PENDING_HEALTHCHECK, True, StopReaction.ADD_SUSPECT),
         (StopKind.SUSPECTED_GPU_FAULT, JobState.PENDING_RESTART, True, StopReaction.RECORD),
+        (StopKind.SUSPECTED_GPU_FAULT, JobState.STARTING, True, StopReaction.ENTER_RECOVERY),
         (StopKind.SUSPECTED_GPU_FAULT, JobState.RUNNING, False, StopReaction.RECORD),
         # Other exits during a fault's recovery (NCCL aborts, SIGTERM handlers) do not fail it.
         (StopKind.FAILED, JobState.PENDING_HEALTHCHECK, True, StopReaction.RECORD),
@@ -86,6 +87,7 @@ def test_parse_verdict_follows_the_exit_code_contract(code: int | None, verdict:
         (JobState.RUNNING, True, True, False, StopReaction.FAIL_OBSERVED),
         (JobState.PENDING_HEALTHCHECK, True, False, False, StopReaction.ADD_SUSPECT),
         (JobState.PENDING_RESTART, True, False, False, StopReaction.RECORD),
+        (JobState.PENDING_RESTART, False, False, True, StopReaction.RECORD),
         (JobState.RUNNING, False, False, True, StopReaction.RESTART),
         (JobState.RUNNING, False, False, False, StopReaction.FAIL_JOB),
         (JobState.PENDING_HEALTHCHECK, False, False, True, StopReaction.RECORD),
@@ -100,6 +102,19 @@ def test_fault_reaction_follows_the_catalog_decision(state: JobState, node_fault
                                  may_restart=may_restart) is StopReaction.RECORD
 
 
+
+
+def test_a_late_fault_is_a_suspect_of_a_restart_whose_fault_a_check_found_and_of_no_other() -> None:
+    """A verdict that found a fault moves the job to its restart before every rank ended: a
+    later exit with a node fault names its node (checked before the restart); a restart with no
+    fault found (an application error's, a move off a node AWS takes) names none."""
+    for found, expected in ((True, StopReaction.ADD_SUSPECT), (False, StopReaction.RECORD)):
+        assert policy.fault_reaction(JobState.PENDING_RESTART, True, node_fault=True, observed=False,
+                                     may_restart=False, fault_found=found) is expected
+        assert policy.stop_reaction(StopKind.SUSPECTED_GPU_FAULT, JobState.PENDING_RESTART, True,
+                                    fault_found=found) is expected
+    assert policy.fault_reaction(JobState.PENDING_RESTART, False, node_fault=True, observed=False,
+                                 may_restart=False, fault_found=True) is StopReaction.RECORD
 
 
 @pytest.mark.parametrize(

@@ -114,3 +114,34 @@ def test_two_faults_a_second_apart_are_both_caught_in_every_order_their_stops_ar
         assert bad == [], bad
         checks = w.ecs.counters["health_checks_started"]
         assert checks <= (2 if set(order[:2]) == {"node-b", "node-d"} else 3), w.ecs.counters
+
+
+def test_a_fault_whose_stop_arrives_after_another_node_s_verdict_moved_the_job_on_is_checked() -> None:
+    """Given node-b's GPU failing and node-d's a second later (both: reboot), node-d's STOPPED
+    event arriving only after node-b's REBOOT verdict moved the job to PENDING_RESTART (its
+    deliveries died until then)
+    When it is handled
+    Then node-d is named a suspect and checked (rebooted) before attempt 2 starts: the late
+    exit's own fault is never left unchecked because the job was already past its checks."""
+    with world() as w:
+        for node in PAIR:
+            w.ecs.add_node(node)
+        w.ecs.start_job("pair", w.training_task_definition, list(PAIR))
+        held = w.hold_training_stops()
+        w.ecs.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable", nccl_cascade=True,
+                               cascade_delay_seconds=3)
+        w.ecs.inject_gpu_fault("node-d", after=MIN + 1, health="reboot_fixable")
+        w.ecs.run_until_true(lambda: len(held.events) == len(PAIR), max_seconds=5 * MIN)
+        late = held.events.pop("node-d")
+        held.deliver(["node-b", "node-a"])
+        w.ecs.run_until_true(lambda: w.job("pair").get("job_state") == "PENDING_RESTART",
+                             max_seconds=10 * MIN)
+        checked = sorted({p.node for p in w.ecs.placements if not p.training})
+        assert "node-d" not in checked, "the premise: node-d not a suspect yet"
+        held.events["node-d"] = late
+        held.deliver(["node-d"])
+        w.ecs.run_until_true(lambda: w.job("pair").get("job_state") == "RUNNING"
+                             and int(w.job("pair").get("attempt") or 0) == 2, max_seconds=20 * MIN)
+        assert (w.ecs.node("node-b").reboots, w.ecs.node("node-d").reboots) == (1, 1)
+        bad = [p for p in w.ecs.placements if p.training and p.health != "healthy"]
+        assert bad == [], bad

@@ -87,8 +87,16 @@ def _running(job_state: JobState, suspend_stopping: bool) -> bool:
     return job_state in ACTIVE_JOB_STATES
 
 
+def _names_suspects(job_state: JobState, fault_found: bool) -> bool:
+    """A fault still open to suspects: its checks run, or a verdict found a fault and moved the
+    job on to its restart before every rank had ended (``fault_found``: a late rank's exit with
+    a fault of its own names its node too; the restart waits for its check)."""
+    return job_state is JobState.PENDING_HEALTHCHECK or \
+        (job_state is JobState.PENDING_RESTART and fault_found)
+
+
 def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool, *,
-                  suspend_stopping: bool = False) -> StopReaction:
+                  suspend_stopping: bool = False, fault_found: bool = False) -> StopReaction:
     if not same_attempt or job_state.is_terminal:
         return StopReaction.RECORD
     if job_state is JobState.SUSPENDING and kind in (StopKind.SUCCEEDED, StopKind.STOPPED_BY_USER):
@@ -104,7 +112,7 @@ def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool, *,
     if kind is StopKind.SUSPECTED_GPU_FAULT:
         if active:
             return StopReaction.ENTER_RECOVERY
-        if job_state is JobState.PENDING_HEALTHCHECK:
+        if _names_suspects(job_state, fault_found):
             return StopReaction.ADD_SUSPECT
         return StopReaction.RECORD
     if kind is StopKind.FAILED:
@@ -115,7 +123,8 @@ def stop_reaction(kind: StopKind, job_state: JobState, same_attempt: bool, *,
 
 
 def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool, observed: bool,
-                   may_restart: bool, suspend_stopping: bool = False) -> StopReaction:
+                   may_restart: bool, suspend_stopping: bool = False,
+                   fault_found: bool = False) -> StopReaction:
     """What the job does about a rank that exited on its own (not 0, not a stop), once the
     fault catalog said what its node needs.
 
@@ -130,7 +139,7 @@ def fault_reaction(job_state: JobState, same_attempt: bool, *, node_fault: bool,
     if node_fault:
         if active:
             return StopReaction.FAIL_OBSERVED if observed else StopReaction.ENTER_RECOVERY
-        if job_state is JobState.PENDING_HEALTHCHECK:
+        if _names_suspects(job_state, fault_found):
             return StopReaction.ADD_SUSPECT
         return StopReaction.RECORD
     if active:

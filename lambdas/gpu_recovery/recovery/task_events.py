@@ -192,8 +192,9 @@ class TaskEvents:
             rank_stop = RankStop(rank, _RANK_STATE_FOR[kind], fields) if rank.state in HOLDING_RANK_STATES \
                 else None
             same_attempt = job.attempt == rank.attempt
+            found = job.tally.attempt == job.attempt and job.tally.found
             reaction = policy.stop_reaction(kind, job.state, same_attempt,
-                                            suspend_stopping=job.suspend_stopping)
+                                            suspend_stopping=job.suspend_stopping, fault_found=found)
             budget: BudgetOutcome | None = None
             if kind in _JUDGED_KINDS and rank_stop is not None and same_attempt and not job.state.is_terminal:
                 assessment = assessment or self._assess(job, rank, stop, detail)
@@ -202,7 +203,7 @@ class TaskEvents:
                     job.state, same_attempt, node_fault=assessment.node_fault, observed=assessment.observed,
                     may_restart=bool(budget and budget.restart)
                     and self.policy.modes.executes(Effect.RESTART_JOB),
-                    suspend_stopping=job.suspend_stopping)
+                    suspend_stopping=job.suspend_stopping, fault_found=found)
             if reaction is StopReaction.ADD_SUSPECT and self._coupled(job, rank, assessment, ended_at):
                 reaction = StopReaction.COUPLED
             if self._record(job, rank, stop, reaction, rank_stop, assessment, budget, exited_at=ended_at):
