@@ -151,3 +151,39 @@ def test_a_shard_completed_by_an_end_whose_head_write_died_is_counted_by_the_nex
         assert (job["job_state"], job["attempt"]) == ("RUNNING", 2), \
             [(h["to"], h.get("reason")) for h in job["history"]]
         assert w.ranks_on("headless") == ["node-a", "node-b"]
+
+
+def test_a_lost_stop_whose_handling_fails_leaves_the_round_s_other_lost_stops_handled_first() -> None:
+    """Given two ranks whose tasks ECS describes STOPPED (their events lost), When handling the
+    first as its event is throttled, Then the second is handled all the same and the round
+    fails after it (the first is handled at the next round): one failed call does not hold
+    back every lost stop of the batch."""
+    from botocore.exceptions import ClientError
+
+    from gpu_recovery.domain.models import Rank
+    from gpu_recovery.domain.states import RankState
+    from gpu_recovery.recovery.lost_stop_events import handle_stopped
+    from gpu_recovery.recovery.reactions import Reactions, StoppedEventLost, on
+
+    ranks = [Rank(job_id="j", rank=r, state=RankState.STOP_REQUESTED, attempt=1, task_arn=f"arn:task/{r}",
+                  task_definition_arn="arn:td/train:1", container_inst_id=f"node-{r}")
+             for r in (0, 1)]
+
+    class Ecs:
+        def describe_tasks(self, task_arns: list[str]) -> list[dict[str, Any]]:
+            return [{"taskArn": arn, "lastStatus": "STOPPED"} for arn in task_arns]
+
+    handled: list[int] = []
+
+    def handle(event: StoppedEventLost) -> None:
+        assert event.rank is not None
+        if event.rank.rank == 0:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "GetItem")
+        handled.append(event.rank.rank)
+
+    reactions = Reactions()
+    reactions.declare([on(StoppedEventLost, handle)])
+    with pytest.raises(ClientError):
+        handle_stopped(Ecs(), reactions, ranks, [])
+    assert handled == [1]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from gpu_recovery.domain.gang_batches import GangBatch
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Rank
@@ -54,13 +56,20 @@ def handle_stopped(ecs: DescribesTasks, reactions: Reactions, todo: list[Rank],
     described = {t.get("taskArn"): t for t in ecs.describe_tasks([r.task_arn for r in asked])}
     left: list[Rank] = []
     stopped: list[int] = []
+    failure: ClientError | BotoCoreError | None = None
     for rank in asked:
         holding = rank.state in HOLDING_RANK_STATES
         task = described.get(rank.task_arn)
         if task is not None and task.get("lastStatus") == "STOPPED":
-            reactions.emit(StoppedEventLost(task, rank))
+            try:
+                reactions.emit(StoppedEventLost(task, rank))
+            except (ClientError, BotoCoreError) as error:
+                failure = failure or error  # the others handled first; this one at the next round
+                continue
             if holding:
                 stopped.append(rank.rank)
         elif holding:
             left.append(rank)
+    if failure is not None:
+        raise failure
     return left, stopped
