@@ -85,6 +85,32 @@ def test_start_ranks_keeps_what_a_lost_answer_started_and_starts_only_the_other_
     assert sum(1 for task in ecs.tasks.values() if task.node == "node-a") == 1
 
 
+class LiveListing(FakeEcs):
+    """ListTasks by startedBy as ECS answers it: the live tasks only."""
+
+    def tasks_started_by(self, started_by: str) -> list[str]:
+        return [t.arn for t in self.tasks.values()
+                if t.started_by == started_by and t.last_status != "STOPPED"]
+
+
+@pytest.mark.parametrize("stopped", [("node-a",), ("node-a", "node-b")], ids=["one", "every"])
+def test_a_start_whose_task_already_ended_finds_it_among_its_node_s_stopped_tasks(
+        stopped: tuple[str, ...]) -> None:
+    """Given a start whose answer was lost on node-a and node-b, and whose task on ``stopped``
+    ran to its end before the start was resumed (ECS lists only live tasks by startedBy), When
+    the start is resumed, Then each task is found (the stopped one among its node's stopped
+    tasks) and only node-c is started: no node gets its task twice."""
+    ecs = LiveListing()
+    first, _ = start_on(ecs, REQUEST, {n: NODES[n] for n in ("node-a", "node-b")})  # the answer lost
+    for node in stopped:
+        ecs.tasks[first[node]].last_status = "STOPPED"
+    found: list[tuple[str, str]] = []
+    unplaced = start_once(ecs, REQUEST, NODES, look_up=list(NODES), keep=lambda node, task: None,
+                          found=lambda node, task: found.append((node, task)))
+    assert unplaced == {} and sorted(found) == sorted(first.items())
+    assert ecs.start_calls == [2, 1]  # the lost start, then node-c's alone
+
+
 def test_start_ranks_tries_the_nodes_left_again_on_their_network_and_says_why_the_last_failed() -> None:
     ecs = FakeEcs()
     ecs.failures["start_task"] = ["place_nothing", "place_nothing"]

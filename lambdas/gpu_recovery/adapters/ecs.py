@@ -200,13 +200,24 @@ class EcsAdapter:
         ECS takes ``startedBy`` only as the one filter (anything beside it, ``desiredStatus``
         included, is an InvalidParameterException), and then lists what its default filter,
         desired status RUNNING, lists. A task of that startedBy that already stopped is not
-        found: a retry may then start the task again, which each caller allows for (the
-        stopped task's event is handled on its own; see the callers)."""
+        found here: :meth:`stopped_task_started_by` looks for it on its node."""
         arns: list[str] = []
         paginator = self._ecs.get_paginator("list_tasks")
         for page in paginator.paginate(cluster=self.cluster, startedBy=started_by[:36]):
             arns.extend(page.get("taskArns", []))
         return arns
+
+    def stopped_task_started_by(self, container_instance: str, started_by: str) -> str | None:
+        """The task of ``started_by`` that already stopped on one container instance, while ECS
+        still lists it (desired status STOPPED: about an hour after it stopped), which
+        :meth:`tasks_started_by` cannot find: a start whose answer was lost and whose task ran to
+        its end before the start was resumed. ListTasks of the instance (up to 100 of its
+        stopped tasks), DescribeTasks of them; None when none carries it."""
+        arns = self._ecs.list_tasks(cluster=self.cluster, containerInstance=container_instance,
+                                    desiredStatus="STOPPED", maxResults=100).get("taskArns", [])
+        wanted = started_by[:36]
+        return next((str(task["taskArn"]) for task in (self.describe_tasks(arns) if arns else ())
+                     if task.get("startedBy") == wanted), None)
 
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
         """Running tasks of the cluster carrying a tag (ListTasks + DescribeTasks with TAGS).

@@ -28,6 +28,7 @@ class StartsTasks(Protocol):
                    group: str | None = None, container_instance_arns: Sequence[str] = (),
                    network_configuration: dict[str, Any] | None = None) -> StartResult: ...
     def tasks_started_by(self, started_by: str) -> list[str]: ...
+    def stopped_task_started_by(self, container_instance: str, started_by: str) -> str | None: ...
     def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]: ...
 
 
@@ -53,17 +54,25 @@ def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str], *
     :class:`EcsActionFailed`: where it runs is not known, and starting again could start a
     second one; the caller tries again later, as after a failed lookup."""
     arns = ecs.tasks_started_by(started_by)
-    if not arns:
-        return {}
-    if len(nodes) == 1 and not shared:
+    found: dict[str, str] = {}
+    if arns and len(nodes) == 1 and not shared:
         return {next(iter(nodes)): arns[0]}
-    described = ecs.describe_tasks(arns)
-    unseen = set(arns) - {str(task.get("taskArn")) for task in described}
-    if unseen:
-        raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
-    found = {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
-             for task in described}
-    return {node: task for node, task in found.items() if node in nodes} if shared else found
+    if arns:
+        described = ecs.describe_tasks(arns)
+        unseen = set(arns) - {str(task.get("taskArn")) for task in described}
+        if unseen:
+            raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
+        found = {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
+                 for task in described}
+        if shared:
+            found = {node: task for node, task in found.items() if node in nodes}
+    # ECS lists only live tasks by startedBy: a task that already ran to its end (its start's
+    # answer lost) is looked for among its node's stopped tasks, so it is not started twice.
+    for node in sorted(set(nodes) - set(found)):
+        stopped = ecs.stopped_task_started_by(node, started_by)
+        if stopped:
+            found[node] = stopped
+    return found
 
 
 def start_on(ecs: StartsTasks, request: TaskRequest,
