@@ -76,10 +76,6 @@ from gpu_recovery.repository.restarts import RestartRepository
 from gpu_recovery.repository.time_sharing import SuspensionRepository
 from gpu_recovery.settings import Settings
 
-
-class RestartEcs(NodesAndTheirTasks, DescribesTasks, Protocol):
-    """A node's free GPUs and tasks (the waits); a task's status (a stop not handled yet)."""
-
 logger = logging.getLogger(__name__)
 
 # The goodput ledger: a STARTING -> RUNNING written this soon after the restart's claim
@@ -91,6 +87,10 @@ RESEND_AFTER_SECONDS = 120
 _SPARE_FIRST_ROUNDS = 3  # a verdict landing meanwhile: decide again on fresh counts
 _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
                     "resubmit the job.")
+
+
+class RestartEcs(NodesAndTheirTasks, DescribesTasks, Protocol):
+    """A node's free GPUs and tasks (the waits); a task's status (a stop not handled yet)."""
 
 
 class GangRestart:
