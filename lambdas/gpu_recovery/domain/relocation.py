@@ -241,3 +241,22 @@ def reserve_for_waits(waits: Sequence[RelocationWait], spares: Sequence[SpareNod
             if node is not None:
                 reserved[node.node_id] = wait.job_id
     return reserved
+
+
+def relocation_reason(fatal: list[str], rebooting: list[str], *, labels: Mapping[str, str], left: list[str],
+                      blocked: Mapping[str, str] | None = None) -> str:
+    """Why a job moves: its ``fatal`` nodes (``labels``: each suspect node's verdict, lower case;
+    ``left``: those left before their verdict), those ``rebooting`` it does not wait for, and
+    those ``blocked`` (not free for the restart: node -> why)."""
+    if blocked:
+        busy = "; ".join(f"{n}: {w}" for n, w in sorted(blocked.items())[:5])
+        rest = relocation_reason(fatal, rebooting, labels=labels, left=left) if fatal or rebooting else ""
+        return f"{rest + '; ' if rest else ''}node(s) not free for the restart: {busy}"[:500]
+    if left and set(fatal) <= set(left):
+        return (f"node(s) suspect: {', '.join(left[:10])} left before the DCGM verdict (checked and "
+                f"remediated in the background)")
+    if fatal:
+        shown = ", ".join(f"{i} {labels.get(i, 'unusable')}" for i in fatal[:10])
+        more = f" and {len(fatal) - 10} more" if len(fatal) > 10 else ""
+        return f"node(s) unusable: {shown}{more}"
+    return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"

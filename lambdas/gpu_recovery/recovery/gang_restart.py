@@ -45,11 +45,7 @@ from gpu_recovery.domain import goodput, placement
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.rank_template import RankTemplate
-from gpu_recovery.domain.relocation import (
-    RelocationWait,
-    SpareNode,
-    spare_first,
-)
+from gpu_recovery.domain.relocation import RelocationWait, SpareNode, relocation_reason, spare_first
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.restart_wait import is_placement_race
@@ -418,20 +414,9 @@ class GangRestart:
     @staticmethod
     def _relocation_reason(suspects: list[Suspect], fatal: list[str], rebooting: list[str],
                            blocked: Mapping[str, str] | None = None) -> str:
-        if blocked:
-            busy = "; ".join(f"{n}: {w}" for n, w in sorted(blocked.items())[:5])
-            rest = GangRestart._relocation_reason(suspects, fatal, rebooting) if fatal or rebooting else ""
-            return f"{rest + '; ' if rest else ''}node(s) not free for the restart: {busy}"[:500]
-        left = sorted(s.node for s in suspects if s.verdict is SuspectVerdict.LEFT)
-        if left and set(fatal) <= set(left):
-            return (f"node(s) suspect: {', '.join(left[:10])} left before the DCGM verdict (checked and "
-                    f"remediated in the background)")
-        if fatal:
-            labels = {s.node: s.verdict.value.lower() for s in suspects}
-            shown = ", ".join(f"{i} {labels.get(i, 'unusable')}" for i in fatal[:10])
-            more = f" and {len(fatal) - 10} more" if len(fatal) > 10 else ""
-            return f"node(s) unusable: {shown}{more}"
-        return f"node(s) rebooting ({', '.join(rebooting[:10])}): relocate_instead_of_wait"
+        return relocation_reason(fatal, rebooting, blocked=blocked, labels={
+            s.node: s.verdict.value.lower() for s in suspects},
+            left=sorted(s.node for s in suspects if s.verdict is SuspectVerdict.LEFT))
 
     def _requeue(self, job: Job, leaving: list[str], why: str) -> Outcome:
         item = self.data.jobs.get_job_item(job.job_id) or {}
