@@ -85,6 +85,20 @@ def test_with_the_node_agent_the_node_that_reported_the_xid_is_checked_and_at_mo
 PAIR = ("node-a", "node-b", "node-d")  # node-b's GPU fails, node-d's a second later
 
 
+def _two_faults_held(w: Any) -> Any:
+    """The 3-rank gang on PAIR: node-b's GPU fails (node-a's NCCL exit 3 s later), node-d's a
+    second after node-b's; the three STOPPED events held back (returned) until delivered."""
+    for node in PAIR:
+        w.ecs.add_node(node)
+    w.ecs.start_job("pair", w.training_task_definition, list(PAIR))
+    held = w.hold_training_stops()
+    w.ecs.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable", nccl_cascade=True,
+                           cascade_delay_seconds=3)
+    w.ecs.inject_gpu_fault("node-d", after=MIN + 1, health="reboot_fixable")
+    w.ecs.run_until_true(lambda: len(held.events) == len(PAIR), max_seconds=5 * MIN)
+    return held
+
+
 @pytest.mark.parametrize("order", list(itertools.permutations(PAIR)), ids="-".join)
 def test_two_faults_a_second_apart_are_both_caught_in_every_order_their_stops_are_handled(
         order: tuple[str, ...]) -> None:
@@ -97,14 +111,7 @@ def test_two_faults_a_second_apart_are_both_caught_in_every_order_their_stops_ar
     them, node-a is not rebooted, and at most three checks ran (two when the faults' own
     exits are handled first)."""
     with world() as w:
-        for node in PAIR:
-            w.ecs.add_node(node)
-        w.ecs.start_job("pair", w.training_task_definition, list(PAIR))
-        held = w.hold_training_stops()
-        w.ecs.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable", nccl_cascade=True,
-                               cascade_delay_seconds=3)
-        w.ecs.inject_gpu_fault("node-d", after=MIN + 1, health="reboot_fixable")
-        w.ecs.run_until_true(lambda: len(held.events) == len(PAIR), max_seconds=5 * MIN)
+        held = _two_faults_held(w)
         held.deliver(order)
         w.ecs.run_until_true(lambda: w.job("pair").get("job_state") == "RUNNING"
                              and int(w.job("pair").get("attempt") or 0) == 2, max_seconds=20 * MIN)
@@ -124,14 +131,7 @@ def test_a_fault_whose_stop_arrives_after_another_node_s_verdict_moved_the_job_o
     Then node-d is named a suspect and checked (rebooted) before attempt 2 starts: the late
     exit's own fault is never left unchecked because the job was already past its checks."""
     with world() as w:
-        for node in PAIR:
-            w.ecs.add_node(node)
-        w.ecs.start_job("pair", w.training_task_definition, list(PAIR))
-        held = w.hold_training_stops()
-        w.ecs.inject_gpu_fault("node-b", after=MIN, health="reboot_fixable", nccl_cascade=True,
-                               cascade_delay_seconds=3)
-        w.ecs.inject_gpu_fault("node-d", after=MIN + 1, health="reboot_fixable")
-        w.ecs.run_until_true(lambda: len(held.events) == len(PAIR), max_seconds=5 * MIN)
+        held = _two_faults_held(w)
         late = held.events.pop("node-d")
         held.deliver(["node-b", "node-a"])
         w.ecs.run_until_true(lambda: w.job("pair").get("job_state") == "PENDING_RESTART",

@@ -42,6 +42,19 @@ def _started_on(w: Any, node: str, *, by_stack: bool) -> list[tuple[float, str]]
             if p.node == node and p.training and (p.started_by not in own) == by_stack]
 
 
+def _full_cluster_with_a_relocatable_job(w: Any) -> None:
+    """node-a..d full: the relocatable job on node-a and node-b, a job on node-c, and another
+    team's job on node-d that ends after 12 minutes."""
+    for node in ("node-a", "node-b", "node-c", "node-d"):
+        w.ecs.add_node(node)
+    w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
+                    extra_tags={C.TAG_RELOCATABLE: "true"})
+    w.ecs.start_job("victim", w.training_task_definition, ["node-c"])
+    other = w.ecs.register_training_task_definition("other", gpus=8)
+    w.ecs.plan_family("other", run_seconds=12 * MIN, exit_code=0)
+    w.ecs.start_job("other", other, ["node-d"], started_by="other-team")
+
+
 def test_a_relocation_never_takes_a_node_whose_rank_stopped_before_its_stop_is_handled() -> None:
     """Given a relocatable job waiting for a free node (its node-b dead, the cluster full),
     When the GPU of node-c dies under another job's rank and that rank's STOPPED event is
@@ -49,14 +62,7 @@ def test_a_relocation_never_takes_a_node_whose_rank_stopped_before_its_stop_is_h
     ECS but with a rank the stack still records there, is never given to the waiting job:
     the job moves once node-d frees, and node-c is checked and quarantined."""
     with world(relocation_wait_seconds=1800) as w:
-        for node in ("node-a", "node-b", "node-c", "node-d"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
-                        extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.ecs.start_job("victim", w.training_task_definition, ["node-c"])
-        other = w.ecs.register_training_task_definition("other", gpus=8)
-        w.ecs.plan_family("other", run_seconds=12 * MIN, exit_code=0)
-        w.ecs.start_job("other", other, ["node-d"], started_by="other-team")
+        _full_cluster_with_a_relocatable_job(w)
         w.ecs.inject_gpu_fault("node-b", after=MIN, health="replace", nccl_cascade=True)
         w.ecs.run_for(6 * MIN)
         assert w.job("reloc")["job_state"] == "PENDING_RESTART" and w.job("reloc").get("relocation_wait")
@@ -78,14 +84,7 @@ def test_a_waiting_relocation_handles_a_stop_whose_event_never_came_and_takes_th
     Then the waiting relocation finds the node's recorded rank stopped in ECS, handles that
     stop as its event, and moves onto node-d (not failing after its bound)."""
     with world(relocation_wait_seconds=1800) as w:
-        for node in ("node-a", "node-b", "node-c", "node-d"):
-            w.ecs.add_node(node)
-        w.ecs.start_job("reloc", w.training_task_definition, ["node-a", "node-b"],
-                        extra_tags={C.TAG_RELOCATABLE: "true"})
-        w.ecs.start_job("victim", w.training_task_definition, ["node-c"])
-        other = w.ecs.register_training_task_definition("other", gpus=8)
-        w.ecs.plan_family("other", run_seconds=12 * MIN, exit_code=0)
-        w.ecs.start_job("other", other, ["node-d"], started_by="other-team")
+        _full_cluster_with_a_relocatable_job(w)
         w.ecs.delivery_delay = _late_stop_on(w, "node-d", seconds=10**7)
         w.ecs.inject_gpu_fault("node-b", after=MIN, health="replace", nccl_cascade=True)
         w.ecs.run_for(6 * MIN)
