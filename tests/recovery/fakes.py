@@ -191,8 +191,8 @@ class FakeEcs:
     def tasks_started_by(self, started_by: str) -> list[str]:
         return [t.arn for t in self.tasks.values() if t.started_by == started_by]
 
-    def stopped_task_started_by(self, container_instance: str, started_by: str) -> str | None:
-        return next((t.arn for t in self.tasks.values() if t.started_by == started_by
+    def stopped_task_started_by(self, container_instance: str, started_by: str) -> dict[str, Any] | None:
+        return next((self.describe_task(t.arn) for t in self.tasks.values() if t.started_by == started_by
                      and t.node == container_instance and t.last_status == "STOPPED"), None)
 
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:

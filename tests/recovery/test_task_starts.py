@@ -105,9 +105,16 @@ def test_a_start_whose_task_already_ended_finds_it_among_its_node_s_stopped_task
     for node in stopped:
         ecs.tasks[first[node]].last_status = "STOPPED"
     found: list[tuple[str, str]] = []
-    unplaced = start_once(ecs, REQUEST, NODES, look_up=list(NODES), keep=lambda node, task: None,
-                          found=lambda node, task: found.append((node, task)))
+    started: dict[str, float | None] = {}
+
+    def tell(node: str, task: str, at: float | None) -> None:
+        found.append((node, task))
+        started[node] = at
+
+    unplaced = start_once(ecs, REQUEST, NODES, look_up=list(NODES), keep=lambda node, task: None, found=tell)
     assert unplaced == {} and sorted(found) == sorted(first.items())
+    # When each started, as ECS described it (the goodput ledger's restart ends there).
+    assert started == pytest.approx({n: ecs.tasks[first[n]].started_at for n in first})
     assert ecs.start_calls == [2, 1]  # the lost start, then node-c's alone
 
 

@@ -207,16 +207,16 @@ class EcsAdapter:
             arns.extend(page.get("taskArns", []))
         return arns
 
-    def stopped_task_started_by(self, container_instance: str, started_by: str) -> str | None:
+    def stopped_task_started_by(self, container_instance: str, started_by: str) -> dict[str, Any] | None:
         """The task of ``started_by`` that already stopped on one container instance, while ECS
         still lists it (desired status STOPPED: about an hour after it stopped), which
         :meth:`tasks_started_by` cannot find: a start whose answer was lost and whose task ran to
         its end before the start was resumed. ListTasks of the instance (up to 100 of its
-        stopped tasks), DescribeTasks of them; None when none carries it."""
+        stopped tasks), DescribeTasks of them; the task described, None when none carries it."""
         arns = self._ecs.list_tasks(cluster=self.cluster, containerInstance=container_instance,
                                     desiredStatus="STOPPED", maxResults=100).get("taskArns", [])
         wanted = started_by[:36]
-        return next((str(task["taskArn"]) for task in (self.describe_tasks(arns) if arns else ())
+        return next((task for task in (self.describe_tasks(arns) if arns else ())
                      if task.get("startedBy") == wanted), None)
 
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:

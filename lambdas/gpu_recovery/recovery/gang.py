@@ -552,14 +552,16 @@ class GangOps:
             complete |= Latch.REGISTERED in source.register(job, template, task_arn, started_by, started_at)
             started.append(template.rank)
 
-        def found(node: str, task_arn: str) -> None:
-            # Started by the dead holder of the lease taken over, right after its claim (its
-            # lease's length before the lease's end): the rank ran from then, not from now (the
-            # goodput ledger's restart ends at the last rank's start, issue 52).
+        def found(node: str, task_arn: str, started_at: float | None) -> None:
+            # Started by the dead holder of the lease taken over: the rank ran from its task's
+            # start (as ECS described it), else from right after the lease's claim (its length
+            # before its end), not from now (the goodput ledger's restart ends at the last
+            # rank's start, issue 52).
             template = on_node[node]
             claimed = template.lease_until - (LAUNCH_LEASE_SECONDS if launch else CLAIM_LEASE_SECONDS)
-            register(node, task_arn, min(claimed, now) if template.launch_attempt == attempt
-                     and template.lease_until else None)
+            if started_at is None and template.launch_attempt == attempt and template.lease_until:
+                started_at = claimed
+            register(node, task_arn, min(started_at, now) if started_at is not None else None)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
         # the call: those of the ranks registered already have a task of it too).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
@@ -28,7 +29,7 @@ class StartsTasks(Protocol):
                    group: str | None = None, container_instance_arns: Sequence[str] = (),
                    network_configuration: dict[str, Any] | None = None) -> StartResult: ...
     def tasks_started_by(self, started_by: str) -> list[str]: ...
-    def stopped_task_started_by(self, container_instance: str, started_by: str) -> str | None: ...
+    def stopped_task_started_by(self, container_instance: str, started_by: str) -> dict[str, Any] | None: ...
     def describe_tasks(self, task_arns: Sequence[str]) -> list[dict[str, Any]]: ...
 
 
@@ -45,34 +46,48 @@ class TaskRequest:
 
 
 def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str], *,
-                    shared: bool = False) -> dict[str, str]:
+                    shared: bool = False, started_at: dict[str, float] | None = None) -> dict[str, str]:
     """Node id -> the task of ``started_by`` on it, for a start that may have been made
     already. ``nodes``: every node that start is made on, not only those whose task is still
     to be found (with one node, the task listed is that node's, unless the startedBy is
     ``shared`` by a call on several nodes; with several, any of them may be listed). A listed
     task ECS cannot describe yet (MISSING: not caught up) raises
     :class:`EcsActionFailed`: where it runs is not known, and starting again could start a
-    second one; the caller tries again later, as after a failed lookup."""
+    second one; the caller tries again later, as after a failed lookup. ``started_at``, if
+    given, is told when each task described started (node id -> epoch seconds)."""
     arns = ecs.tasks_started_by(started_by)
-    found: dict[str, str] = {}
     if arns and len(nodes) == 1 and not shared:
         return {next(iter(nodes)): arns[0]}
+    by_node: dict[str, Mapping[str, Any]]
     if arns:
         described = ecs.describe_tasks(arns)
         unseen = set(arns) - {str(task.get("taskArn")) for task in described}
         if unseen:
             raise EcsActionFailed.missing("DescribeTasks", sorted(unseen))
-        found = {container_instance_id(str(task.get("containerInstanceArn", ""))): str(task["taskArn"])
-                 for task in described}
+        by_node = {container_instance_id(str(task.get("containerInstanceArn", ""))): task
+                   for task in described}
         if shared:
-            found = {node: task for node, task in found.items() if node in nodes}
+            by_node = {node: task for node, task in by_node.items() if node in nodes}
+    else:
+        by_node = {}
     # ECS lists only live tasks by startedBy: a task that already ran to its end (its start's
     # answer lost) is looked for among its node's stopped tasks, so it is not started twice.
-    for node in sorted(set(nodes) - set(found)):
+    for node in sorted(set(nodes) - set(by_node)):
         stopped = ecs.stopped_task_started_by(node, started_by)
         if stopped:
-            found[node] = stopped
-    return found
+            by_node[node] = stopped
+    if started_at is not None:
+        started_at.update({node: at for node, task in by_node.items()
+                           if (at := _started_at(task)) is not None})
+    return {node: str(task["taskArn"]) for node, task in by_node.items()}
+
+
+def _started_at(task: Mapping[str, Any]) -> float | None:
+    """When a described task started (its ``startedAt``, else ``createdAt``), epoch seconds."""
+    value = task.get("startedAt") or task.get("createdAt")
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value) if isinstance(value, int | float) else None
 
 
 def start_on(ecs: StartsTasks, request: TaskRequest,
@@ -100,7 +115,7 @@ def reasons_on(failures: Sequence[Mapping[str, Any]], node: str, nodes: int) -> 
 def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
                keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
                network: Callable[[Collection[str]], dict[str, Any] | None] | None = None,
-               found: Callable[[str, str], object] | None = None) -> dict[str, list[str]]:
+               found: Callable[[str, str, float | None], object] | None = None) -> dict[str, list[str]]:
     """Start ``request`` exactly once on each of ``nodes`` (node id -> container instance ARN;
     up to 10, one task each). ``look_up``: a start that may have been made already (a resumed
     launch, a restart's lease taken over) names every node it was made on, and the tasks of its
@@ -108,13 +123,18 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
     known (found, or placed), before the next StartTask, so that a crash after it loses no task;
     the nodes still without one are started again, ``tries`` StartTasks at the most
     (``network``: the request's network for the nodes left). ``found``, if given, is told a task
-    the look-up found instead of ``keep`` (one started before this call). Returns the nodes left
+    the look-up found instead of ``keep`` (one started before this call), with when it started
+    when ECS described it. Returns the nodes left
     without a task, each with ECS's reasons (none: ECS gave no failure for it); the caller says
     what that leads to, and logs it."""
-    earlier = started_already(ecs, request.started_by, look_up) if look_up else {}
+    started_at: dict[str, float] = {}
+    earlier = started_already(ecs, request.started_by, look_up, started_at=started_at) if look_up else {}
     rest = dict(nodes)
     for node in [node for node in rest if node in earlier]:
-        (found or keep)(node, earlier[node])
+        if found is not None:
+            found(node, earlier[node], started_at.get(node))
+        else:
+            keep(node, earlier[node])
         del rest[node]
     reasons: dict[str, list[str]] = {}
     for _ in range(max(1, tries)):
