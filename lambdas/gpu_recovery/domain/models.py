@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from gpu_recovery.domain.breaker.hold import BreakerHold
@@ -19,6 +21,15 @@ def container_instance_id(arn_or_id: str) -> str:
 
 def task_id(task_arn: str) -> str:
     return task_arn.rsplit("/", 1)[-1]
+
+
+def task_time(task: Mapping[str, Any], *fields: str) -> float | None:
+    """The first of a described task's ``fields`` (``startedAt``, ``createdAt``) it holds, epoch
+    seconds: a rank registered late or found by a look-up is dated from ECS's own record."""
+    value = next((task[name] for name in fields if task.get(name)), None)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value) if isinstance(value, int | float) else None
 
 
 def family_of(task_definition: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -43,7 +42,7 @@ from gpu_recovery.domain.gang_batches import GangQueuePort
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import parse_ranks_tag
-from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id
+from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id, task_time
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
@@ -118,13 +117,6 @@ def _task_network(task: dict[str, Any], values: dict[Any, Any], groups_key: str,
                              f"job {job_id}: {groups_key} / {subnets_key}: {error}") from error
 
 
-def created_at(task: dict[str, Any]) -> float | None:
-    """When ECS created the task (its StartTask; described, or in its event): a rank registered
-    late (its start's own registration failed, its event retried) is dated from then."""
-    created = task.get("createdAt")
-    return created.timestamp() if isinstance(created, datetime) else None
-
-
 def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> RankRegistration:
     values = {t.get("key"): t.get("value") for t in tags}
     if TAG_JOB_ID not in values:
@@ -165,7 +157,7 @@ def registration_from_tags(task: dict[str, Any], tags: list[dict[str, str]]) -> 
         gpus=gpus,
         subnet=subnet,
         network=network,
-        created_at=created_at(task),
+        created_at=task_time(task, "createdAt"),
     )
 
 
@@ -202,7 +194,7 @@ def registration_from_event(task: dict[str, Any]) -> RankRegistration | None:
         group=str(task.get("group") or ""), started_by=str(task.get("startedBy") or ""),
         max_recovery_attempts=_budget_tag(env, ENV_VAR_MAX_INFRA_RECOVERIES),
         max_app_restarts=_budget_tag(env, ENV_VAR_MAX_APP_RESTARTS), gpus=gpus, subnet=subnet,
-        network=network, created_at=created_at(task))
+        network=network, created_at=task_time(task, "createdAt"))
 
 
 def overrides_for_attempt(overrides: dict[str, Any], attempt: int) -> dict[str, Any]:
@@ -483,7 +475,7 @@ class RankOperations:
                     job, rank, task_arn=str(task["taskArn"]),
                     container_instance_arn=str(task.get("containerInstanceArn", "")),
                     ec2_instance_id=rank.ec2_instance_id if planned == rank.container_inst_id else "",
-                    started_by=str(task.get("startedBy", "")), registered_at=created_at(task))
+                    started_by=str(task.get("startedBy", "")), registered_at=task_time(task, "createdAt"))
                 return repo.jobs.get_rank(job.job_id, number)
         return None
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
-from gpu_recovery.domain.models import container_instance_id
+from gpu_recovery.domain.models import container_instance_id, task_time
 
 
 class StartsTasks(Protocol):
@@ -78,16 +77,8 @@ def started_already(ecs: StartsTasks, started_by: str, nodes: Collection[str], *
             by_node[node] = stopped
     if started_at is not None:
         started_at.update({node: at for node, task in by_node.items()
-                           if (at := _started_at(task)) is not None})
+                           if (at := task_time(task, "startedAt", "createdAt")) is not None})
     return {node: str(task["taskArn"]) for node, task in by_node.items()}
-
-
-def _started_at(task: Mapping[str, Any]) -> float | None:
-    """When a described task started (its ``startedAt``, else ``createdAt``), epoch seconds."""
-    value = task.get("startedAt") or task.get("createdAt")
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return float(value) if isinstance(value, int | float) else None
 
 
 def start_on(ecs: StartsTasks, request: TaskRequest,
