@@ -108,6 +108,9 @@ class StubRecovery:
         self.boots.append((inst_id, boot_time))
         return None
 
+    def live_after_lost_stops(self, ranks: list[Any]) -> list[Any]:
+        return list(ranks)  # no task found ended: every lost rank still live
+
     def node_unreachable(self, job_id: str, attempt: int, inst_id: str, lost: Any, lost_since: float,
                          why: str, host_reporting: bool = False) -> str:
         self.unreachable.append((job_id, inst_id, host_reporting))

@@ -31,6 +31,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from gpu_recovery.constants import HB_AT, JOB_PK, JobState, RankState
 from gpu_recovery.domain import heartbeat_policy as policy
 from gpu_recovery.domain.heartbeat_policy import HeartbeatSettings
@@ -78,7 +80,7 @@ class NodeLostEscalation:
         ECS's agent disconnected at two readings: the job fails, and the node is quarantined
         (through the breaker and observe mode) only if its node agent was silent too.
         A SUSPENDING job whose node ECS still reaches is left to its suspension's stop.
-        Returns recovery | confirming | failed | unwatched | retry | suspending."""
+        Returns recovery | confirming | failed | unwatched | retry | suspending | ended."""
         stale = self.settings.stale_seconds
         lost = [(self.repo.rank_from_item(i), _escalated_since(i, stale)) for i in items]
         ranks = [r for r, _ in lost]
@@ -119,6 +121,18 @@ class NodeLostEscalation:
                     self.repo.forget_disconnected(rank)  # not sustained: a later one starts over
             if job.state is JobState.SUSPENDING:
                 return "suspending"  # ECS reaches the node: the suspension's StopTask does too
+            # A rank missing from its node's reports may have ended with its STOPPED event lost:
+            # ECS's record of its task settles it before the node is checked for it.
+            try:
+                live = self._recovery().live_after_lost_stops(ranks)
+            except (ClientError, BotoCoreError):
+                logger.warning("lost ranks' tasks not described or handled; retried next sweep",
+                               exc_info=True, extra={"job_id": job_id, "instance": inst_id})
+                return "retry"
+            if not live:
+                return "ended"
+            if len(live) < len(ranks):
+                return "retry"  # the job moved on with the ended ones: the next sweep reads it again
             # Only a job still NODE_LOST: a heartbeat may have revived it since the read.
             self._recovery().report_suspected_fault(job_id, attempt, inst_id, reason,
                                                     from_states=[JobState.NODE_LOST])

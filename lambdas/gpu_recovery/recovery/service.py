@@ -28,6 +28,7 @@ from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.launch_templates import LaunchTemplates
 from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
+from gpu_recovery.recovery.lost_stop_events import handle_stopped
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.placement import PlacementHolds
@@ -104,7 +105,7 @@ class RecoveryService:
                                     settings=settings, tag_lookups=tag_lookups)
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
-        reactions = Reactions()
+        self.reactions = reactions = Reactions()
         scheduling = SchedulingRepository(repo.jobs)
         # A queue launch's ranks: the job's spec and its launch plan (the start fan-out's other source).
         launch_templates = LaunchTemplates(repo.jobs, scheduling, repo.fanouts, repo.instances,
@@ -328,6 +329,11 @@ class RecoveryService:
 
     def on_boot_reported(self, inst_id: str, boot_time: float) -> Outcome:
         return self.reboots.on_boot_reported(inst_id, boot_time)
+
+    def live_after_lost_stops(self, ranks: list[Rank]) -> list[Rank]:
+        """The heartbeat sweep's lost ranks (before their node is checked): those whose task ECS
+        describes STOPPED handled as their lost STOPPED events; returns the others."""
+        return handle_stopped(self.ecs, self.reactions, ranks, [])[0]
 
     def gpu_warning(self, inst_id: str) -> str:
         """The heartbeat service recorded a driver warning on the node: cordon it and ask its
