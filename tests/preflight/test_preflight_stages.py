@@ -607,3 +607,34 @@ def test_a_clearance_is_counted_with_its_decision_whatever_is_lost_after_the_com
     third.attempt = 3
     assert set(third.run().values()) == {"train"}
     assert w.rebooter.calls == []
+
+
+def test_a_rank_whose_start_was_held_up_gets_a_round_of_its_own_before_it_is_pinned(w: World) -> None:
+    """Given a 4-node job whose ranks 0-2 report their loopbacks and whose rank 3 started (its
+    StartTask tried again after failures) only 5 s before the loopbacks' bound, When the bound
+    passes, Then rank 3 is not pinned yet: the bound moves to a round after its start; and when
+    that round passes with no report from it, its node is pinned as never reporting."""
+    from gpu_recovery import clock
+
+    nodes = nodes_of(4)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    ranks = Ranks(w, "j", nodes, fabric, silent=frozenset({3}))
+    for rank in ranks.step_all():
+        run = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=run.output)
+    w.advance(2 * 60 - 5)
+    late_start = clock.now()
+    boto3.resource("dynamodb", region_name="us-east-1").Table("jobs").update_item(
+        Key={C.JOB_PK: C.rank_item_key("j", 3)}, UpdateExpression="SET registered_at = :at",
+        ExpressionAttributeValues={":at": int(late_start)})
+    w.advance(6)
+    w.service.sweep()
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "running", item.get("summary")
+    assert float(item[C.DEADLINE_SK]) == int(late_start) + 60  # a round (round_seconds) after its start
+    w.advance(60)
+    w.service.sweep()
+    item = w.repo.preflight.get("j", 1)
+    assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-3"]
+    assert "never reported" in item["pinned"][0]["reason"]

@@ -14,8 +14,10 @@ wrapper: no preflight, nothing waits).
   the all-reduce over all of them, which rank 0 reports. A failed loopback ends the round
   there (its node is pinned; no gang on top). The loopbacks' bound is
   ``first_round_seconds`` from the first step, extended while the job is still STARTING
-  (a rank ECS has not started yet is the launch's business, not a hung node's); past it,
-  the ranks that never reported are pinned.
+  (a rank ECS has not started yet is the launch's business, not a hung node's) and, once it
+  runs, to ``round_seconds`` after its last missing rank's start (a rank whose start was held
+  up, by a failed StartTask tried again, gets a round of its own); past it, the ranks that
+  never reported are pinned.
 * **Later rounds** (the gang failed): the search's groups (``domain.preflight.pinning``),
   disjoint, at once; each group's first rank reports. A group that has not reported by the
   round's bound hung: it failed.
@@ -39,13 +41,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.domain import goodput
 from gpu_recovery.domain.latch import Latch
+from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.preflight import pinning
 from gpu_recovery.domain.preflight.baseline import (
     Baseline,
@@ -88,6 +91,8 @@ MAX_OUTPUT_LINES = 64
 _CONCLUDE_ROUNDS = 3  # a baseline another job learned meanwhile: read it again and retry
 # The sizes whose baselines a size without enough runs of its own may borrow (one read).
 BORROWED_SIZES = tuple(2 ** k for k in range(1, 11))
+# Missing ranks read for their starts when the loopbacks' bound passes (one BatchGetItem).
+LATE_RANKS_READ = 100
 # One poll per interval per rank: keep a large job's polls near this many a second.
 POLLS_PER_SECOND = 256
 
@@ -102,7 +107,11 @@ class PreflightError(Exception):
         self.message = message
 
 
-class PreflightData(HasJobs[JobFaultData], Protocol):
+class PreflightJobs(JobFaultData, Protocol):
+    def get_ranks_numbered(self, job_id: str, numbers: Iterable[int]) -> list[Rank]: ...
+
+
+class PreflightData(HasJobs[PreflightJobs], Protocol):
     """The preflight's items (``repository/preflight.py``), its ranks' arrivals on the latch, the
     job's ledger mark of its preflight time; and what a job's own fault ends (``JobFaultData``)."""
 
@@ -491,8 +500,22 @@ class Preflights:
                 # Ranks ECS has not started yet (the restart's launch): not a hung node.
                 repo.preflight.rearm(job_id, attempt, now + self.policy.round_seconds)
                 return "preflight_waiting_for_the_start"
+            started = self._late_start(job_id, attempt, int(item["nodes"]), now)
+            if started is not None:
+                repo.preflight.rearm(job_id, attempt, started + self.policy.round_seconds)
+                return "preflight_waiting_for_a_late_rank"
         self._finish_round(item, now)
         return "preflight_round_timed_out"
+
+    def _late_start(self, job_id: str, attempt: int, nodes: int, now: float) -> float | None:
+        """The latest start of a rank missing from the loopbacks that started less than a round
+        ago (its StartTask held up: it had no time to report yet), else None."""
+        arrived = self.data.latches.arrived(job_id, attempt, range(nodes), Latch.PREFLIGHT)
+        missing = [r for r in range(nodes) if r not in arrived][:LATE_RANKS_READ]
+        starts = [float(r.running_at or r.registered_at or 0.0)
+                  for r in self.data.jobs.get_ranks_numbered(job_id, missing) if r.attempt == attempt]
+        latest = max(starts, default=0.0)
+        return latest if latest > now - self.policy.round_seconds else None
 
 
 def subject_of(job: Mapping[str, Any]) -> str:
