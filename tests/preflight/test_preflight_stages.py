@@ -622,7 +622,8 @@ def test_a_rank_whose_start_was_held_up_gets_a_round_of_its_own_before_it_is_pin
     ranks = Ranks(w, "j", nodes, fabric, silent=frozenset({3}))
     for rank in ranks.step_all():
         run = fabric.run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
-        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=0, output=run.output)
+        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=0,
+                                    output=run.output)
     w.advance(2 * 60 - 5)
     late_start = clock.now()
     boto3.resource("dynamodb", region_name="us-east-1").Table("jobs").update_item(
