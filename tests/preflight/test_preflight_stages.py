@@ -20,6 +20,7 @@ from gpu_recovery.domain import placement
 from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.preflight.settings import parse_preflight_settings
 from gpu_recovery.domain.remediation_settings import parse_remediation_settings
+from gpu_recovery.repository.base import Update
 from local_mode.sim.fabric import Fabric
 from tests.recovery.fakes import LostResponse, World, world
 
@@ -639,3 +640,58 @@ def test_a_rank_whose_start_was_held_up_gets_a_round_of_its_own_before_it_is_pin
     item = w.repo.preflight.get("j", 1)
     assert item["status"] == "pinned" and [p["node"] for p in item["pinned"]] == ["node-3"]
     assert "never reported" in item["pinned"][0]["reason"]
+
+
+def test_a_pinned_launch_whose_last_end_died_before_the_latch_head_is_counted_by_a_paced_round(
+        w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a queue launch whose preflight pins node-1 (its loopback failed) and whose rank 1's
+    STOPPED event, every delivery, wrote the rank's end on its latch shard and died before the
+    latch head's write (the shard complete, the head not), When the sweeps come, Then the stop
+    intent does not end on the shards' word: its paced round handles rank 1 as its lost event, the
+    ENDED latch completes, and once node-1's check passes the job restarts (8 % sweep
+    preflight_forged_loopback s43: PENDING_HEALTHCHECK until its backstop)."""
+    from gpu_recovery.constants import latch_head_key
+    from gpu_recovery.domain.latch import Latch
+
+    nodes = nodes_of(2)
+    queue_job(w, "j", nodes, mode="always", restarted=False)
+    w.repo.tables.db.apply(Update(table="jobs", key={C.JOB_PK: C.job_item_key("j")}, set_fields={
+        "start_fanout": {"attempt": 1, "kind": "launch", "at": w.now[0], "sent_at": w.now[0]}}))
+    for rank, code in ((0, 0), (1, 1)):
+        w.service.preflights.step("j", rank, 1)
+        run = Fabric().run([nodes[rank]], 8, MIN_BYTES, MAX_BYTES)
+        w.service.preflights.report("j", rank, 1, round_=1, test_id="loopback", exit_code=code,
+                                    output=run.output, seconds=run.seconds, address=f"10.0.0.{rank + 1}")
+    assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
+    db = w.repo.latches.base.db
+    write = db.apply_returning
+    dying = {"on": True}
+
+    def head_write_dies(update: Any, **kwargs: Any) -> Any:
+        if dying["on"] and update.key.get(C.JOB_PK) == latch_head_key("j", 1) \
+                and Latch.ENDED.head_attribute in (update.add_to_sets or {}):
+            raise RuntimeError("the delivery dies before the latch head's write")
+        return write(update, **kwargs)
+
+    monkeypatch.setattr(db, "apply_returning", head_write_dies)
+    arns = list(w.ecs.stop_calls)
+    assert len(arns) == 2
+    for arn in arns:
+        event = w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                               reason="gpu-recovery: gang preflight pinned")
+        for _ in range(3):  # the last end's three deliveries each die at the head's write
+            try:
+                w.service.on_task_state_change(event)
+                break
+            except RuntimeError:
+                continue
+    assert Latch.ENDED not in w.repo.latches.complete("j", 1, 2), "the premise: the head missed the end"
+    dying["on"] = False
+    for _ in range(8):
+        w.advance(61)
+        w.service.sweep()
+        for task in [t for t in w.ecs.health_checks_on("node-1") if t.last_status != "STOPPED"]:
+            w.service.on_health_check_stopped(w.health_check_stopped(task, 0))  # the check passes
+    assert Latch.ENDED in w.repo.latches.complete("j", 1, 2)
+    job = w.repo.jobs.get_job("j")
+    assert job.attempt == 2 and job.recoveries_used == 0, (job.state, job.last_error)

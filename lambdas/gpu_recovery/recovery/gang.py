@@ -294,9 +294,10 @@ class GangOps:
 
     def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
         """The stop of a queue launch cut short ends once every rank it registered ended and no
-        lease of it is open (its other ranks were never started)."""
+        lease of it is open (its other ranks were never started), and their ends are counted (one
+        whose count died is handled again as its event by the paced rounds: a fault waits for it)."""
         if not self.launch_cut_short(job, attempt) \
-                or self.data.latches.registered_not_ended(job.job_id, attempt, job.world_size):
+                or not self.data.latches.ends_settled(job.job_id, attempt, job.world_size):
             return False
         return self._launch_settled(job, attempt, now)
 

@@ -151,6 +151,23 @@ class LatchRepository:
         return ({int(r) for item in items for r in item.get(Latch.REGISTERED.value) or ()}
                 - {int(r) for item in items for r in item.get(Latch.ENDED.value) or ()})
 
+    def ends_settled(self, job_id: str, attempt: int, world_size: int) -> bool:
+        """Every rank of the attempt registered has ended, and each shard those ends completed is
+        on the head (an arrival that died before the head's write left its shard's ends
+        uncounted): one BatchGetItem of the shards and the head."""
+        head_key = latch_head_key(job_id, attempt)
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
+        items = [from_ddb(i) for i in self.base.db.batch_get(self.table, [*keys, {JOB_PK: head_key}])]
+        head: dict[str, Any] = next((i for i in items if i.get(JOB_PK) == head_key), {})
+        on_head = {int(s) for s in head.get(Latch.ENDED.head_attribute) or ()}
+        shards = [i for i in items if i is not head]
+        registered = {int(r) for item in shards for r in item.get(Latch.REGISTERED.value) or ()}
+        ended = [{int(r) for r in item.get(Latch.ENDED.value) or ()} for item in shards]
+        if registered - set().union(*ended):
+            return False
+        return all(shard_of(min(members)) in on_head for members in ended
+                   if members and shard_complete(world_size, shard_of(min(members)), len(members)))
+
     def addresses(self, job_id: str, attempt: int, ranks: Iterable[int]) -> dict[int, str]:
         """The preflight addresses ``ranks`` (a few group leaders) reported, by rank."""
         wanted = set(ranks)
