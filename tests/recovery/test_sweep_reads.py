@@ -78,3 +78,18 @@ def test_a_failed_read_of_the_index_leaves_the_minute_as_it_was(monkeypatch: pyt
         handled = w.service.sweep().detail["handled"]
         assert "error" not in handled and handled.get("no_holds") == 1, handled
         assert reads.calls == ["job_items", "due_job_item_pages"]  # the holds' own read
+
+
+def test_a_throttled_read_of_the_due_instances_leaves_the_due_job_items_to_run() -> None:
+    """The due instances' Query throttled: the sweep logs it and still works the due job items
+    (the job re-armed a minute on), instead of failing whole for the minute (8 % sweep
+    time_sharing s50: a launch's resume held back by the instance index's read)."""
+    with world() as w:
+        deadline = _waiting_for_its_check(w)
+        w.now[0] = deadline + 1
+        w.repo.fail_once("deadlines.due_instance_pages", "refuse")
+        outcome = w.service.sweep()
+        assert outcome.action == "swept" and outcome.detail["handled"].get("error") == 1, outcome
+        assert w.repo.armed() == []  # the premise: the instances' Query was refused
+        item = w.repo.jobs.get_job_item("j")
+        assert item is not None and float(item["deadline_at"]) > w.now[0]
