@@ -294,10 +294,13 @@ class GangOps:
 
     def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
         """The stop of a queue launch cut short ends once every rank it registered ended and no
-        lease of it is open (its other ranks were never started), and their ends are counted (one
-        whose count died is handled again as its event by the paced rounds: a fault waits for it)."""
+        lease of it is open (its other ranks were never started). A fault of the attempt waits for
+        their ends counted on the latch's head: one whose count died is left to the paced rounds,
+        which handle it again as its event."""
+        latches, faulted = self.data.latches, job.in_fault and attempt == job.attempt
         if not self.launch_cut_short(job, attempt) \
-                or not self.data.latches.ends_settled(job.job_id, attempt, job.world_size):
+                or not (latches.ends_settled(job.job_id, attempt, job.world_size) if faulted
+                        else not latches.registered_not_ended(job.job_id, attempt, job.world_size)):
             return False
         return self._launch_settled(job, attempt, now)
 
