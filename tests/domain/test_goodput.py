@@ -171,6 +171,19 @@ def test_a_restart_confirmed_after_its_ranks_ended_trains_until_they_ended() -> 
     assert on_time.seconds["productive"] == pytest.approx(0) and on_time.wall == pytest.approx(720)
 
 
+def test_rank_0_s_late_running_mark_after_a_late_confirmation_keeps_the_end_taking_training_back() -> None:
+    """Given a relocation's ranks that ran 1205 -> 1445 (exit 0), the restart's confirmation
+    committed at 1560, then rank 0's RUNNING event handled at 1640 (its mark: restart until 1205,
+    already counted), and the completion at 1880 (8 % sweep ``relocation`` s2), Then the training
+    is 1205 -> 1445: the late mark changes nothing (the ledger had kept 1205 -> 1560)."""
+    book = ledger([entry(0, "STARTING"), entry(1560, "RUNNING", gp.running_marks(1205)),
+                   entry(1640, "RUNNING", gp.interval_marks(gp.RESTART, 1205)),
+                   entry(1880, "COMPLETE", gp.end_marks(1445))], 5000)
+    assert book.seconds["restart"] == pytest.approx(1205)
+    assert book.seconds["productive"] == pytest.approx(240)
+    assert book.wall == pytest.approx(1445)
+
+
 def test_a_fault_before_a_late_confirmation_is_detection_and_lost_work_from_its_checkpoint() -> None:
     """Given a gang restart whose ranks ran from 720, checkpointed at 800 and failed at 900, its
     confirmation committed only at 1015 and the fault's entry at 1030, Then it trained 720 -> 800,

@@ -317,9 +317,10 @@ class Ledger:
             # A mark within RUNNING (``interval_marks``): the time so far was ``was`` until
             # ``until``; training runs from then (not from when the mark was written).
             until = min(max(float(marks["until"]), self.last_at), at)
-            if not self.ended and self.started_at is not None:
-                self.add(str(marks["was"]), until - self.last_at)
-            self.last_at, self.ran_before_confirmed = until, 0.0
+            if until > self.last_at:  # a mark at or before the interval's start changes nothing
+                if not self.ended and self.started_at is not None:
+                    self.add(str(marks["was"]), until - self.last_at)
+                self.last_at, self.ran_before_confirmed = until, 0.0
             return
         if marks and marks.get("validated"):
             # The wait just closed held the repaired nodes' validation: repair -> validation.
