@@ -93,3 +93,20 @@ def test_a_throttled_read_of_the_due_instances_leaves_the_due_job_items_to_run()
         assert w.repo.armed() == []  # the premise: the instances' Query was refused
         item = w.repo.jobs.get_job_item("j")
         assert item is not None and float(item["deadline_at"]) > w.now[0]
+
+
+def test_a_waiting_fault_whose_step_fails_is_still_due_again_in_a_minute() -> None:
+    """A PENDING_HEALTHCHECK job's step that fails at a call after its visit (here the latch's
+    read) leaves the job due again a minute on, committed first: it is tried again then and not
+    left overdue (8 % sweep preflight_forged_loopback s19: overdue 16 minutes, every try failing
+    at some call)."""
+    with world() as w:
+        deadline = _waiting_for_its_check(w)
+        w.now[0] = deadline + 1
+        w.repo.fail_once("latches.complete", "refuse")
+        outcome = w.service.sweep()
+        assert outcome.detail["handled"].get("error") == 1, outcome
+        assert w.repo.armed() == []  # the premise: the step failed at the latch's read
+        item = w.repo.jobs.get_job_item("j")
+        assert item is not None and item["job_state"] == JobState.PENDING_HEALTHCHECK.value
+        assert float(item["deadline_at"]) - w.now[0] == pytest.approx(60)

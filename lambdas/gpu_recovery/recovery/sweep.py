@@ -348,6 +348,9 @@ class Sweep:
                 self.restarts.fail_waiting(job, "the fault's health checks did not conclude in time "
                                                 f"({int(give_up_at - (job.fault_started_at or now))} s)")
                 return "health_check_timed_out"
+            # Visited: due again in a minute, committed first (a step that fails at some call
+            # is tried again then, the job not left overdue; a transition sets its own deadline).
+            repo.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             # The stop intent sent, the stops asked again at a paced interval; a fault whose
             # verdicts are all in once every rank ended goes on (its event may have died).
             self.faults.converge_fault(job)
@@ -355,7 +358,6 @@ class Sweep:
             fresh = repo.jobs.get_job(job.job_id) or job
             if fresh.state is JobState.PENDING_HEALTHCHECK and fresh.in_fault:
                 self._settle_fault(fresh)
-            repo.deadlines.rearm_job(fresh, now + RETRY_INTERVAL_SECONDS)
             return "health_check_waiting"
         if job.state is JobState.STARTING and job.restarted_attempt == job.attempt:
             return self.restarts.resume(job)
