@@ -274,6 +274,30 @@ def test_stops_not_confirmed_are_asked_again_at_a_paced_interval_not_per_event()
         assert gaps == sorted(gaps) and gaps[-1] >= 2 * gaps[0]
 
 
+def test_a_start_call_that_fails_still_lets_the_batch_s_other_calls_start_first() -> None:
+    """The restart batch's first StartTask (ranks 0-9) is throttled: the batch still makes its
+    other three calls (ranks 10-39) before it fails (tried again), so one call failing at each
+    try never holds the others back (8 % sweep preflight_forged_baseline s39: rank 0's look-up
+    failed at every resend and rank 1 was never started, three launches in a row); the sweep's
+    resend then starts ranks 0-9 only."""
+    from botocore.exceptions import ClientError
+
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        _restart_pending(w)
+        w.ecs.start_calls.clear()
+        w.ecs.failures["start_task"] = ["refuse"]
+        with pytest.raises(ClientError):
+            w.drain_queue()
+        assert w.ecs.start_calls == [10, 10, 10, 10]
+        ranks = {r.rank: r.attempt for r in w.repo.jobs.get_ranks(w.repo.jobs.get_job("big"))}
+        assert [r for r, attempt in ranks.items() if attempt == 2] == list(range(10, WORLD))
+        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.service.sweep()
+        w.drain_queue()
+        assert w.repo.jobs.get_job("big").state is JobState.RUNNING
+        assert sum(w.ecs.start_calls[4:]) == 10
+
+
 def test_a_stop_task_refused_for_one_rank_still_asks_the_batch_s_others_first() -> None:
     """A throttled StopTask fails its batch (tried again) only once the batch's other ranks were
     asked: the next rank may be the one on a node AWS takes at a deadline."""

@@ -272,10 +272,8 @@ class GangOps:
         return "stop_reasked" if self.stop(job, round_=rounds + 1) else "stop_pending"
 
     def _stops_given_up(self, job: Job, attempt: int, rounds: int, aborted_launch: bool) -> None:
-        """A stop intent this call ended with a rank maybe still running (its node's agent gone):
-        nothing asks its task to stop again, nor fails or tells, so it is counted (an alarm pages)
-        and logged. Flushed at once: the intent is gone, so a sweep timing out after this would
-        leave nothing for the next one to count."""
+        """A stop intent ended with a rank maybe still running (its node's agent gone): counted (an
+        alarm pages) and logged, flushed at once (the intent is gone: nothing would count it again)."""
         if aborted_launch:  # its job may be admitted again meanwhile
             self.metrics.add_metric_now(METRIC_ABORTED_LAUNCH_STOPS_GIVEN_UP, "Count", 1)
             logger.error("stops of an aborted launch given up: a rank may still run; look at its node",
@@ -288,15 +286,13 @@ class GangOps:
 
     @staticmethod
     def launch_cut_short(job: Job, attempt: int) -> bool:
-        """The stop intent is a queue launch's cut short (aborted, or canceled before it
-        completed)."""
+        """The stop intent is a queue launch's cut short (aborted, or canceled before it completed)."""
         return bool(job.stop_fanout.get("aborted_launch")) or is_launch_of(job, attempt)
 
     def _aborted_launch_stopped(self, job: Job, attempt: int, now: float) -> bool:
         """The stop of a queue launch cut short ends once every rank it registered ended and no
-        lease of it is open (its other ranks were never started). A fault of the attempt waits for
-        their ends counted on the latch's head: one whose count died is left to the paced rounds,
-        which handle it again as its event."""
+        lease of it is open (its other ranks never started); a fault of the attempt's, once their ends
+        are counted on the latch's head (one whose count died: the paced rounds handle its event)."""
         latches, faulted = self.data.latches, job.in_fault and attempt == job.attempt
         if not self.launch_cut_short(job, attempt) \
                 or not (latches.ends_settled(job.job_id, attempt, job.world_size) if faulted
@@ -305,12 +301,10 @@ class GangOps:
         return self._launch_settled(job, attempt, now)
 
     def end_aborted_launch(self, job: Job, attempt: int, asked: Collection[int]) -> bool:
-        """An aborted launch whose starts ran inline and whose stops ECS took: its stop intent
-        ends now if every rank of it not ended is one this invocation asked ECS to stop
-        (``asked``) and no lease of it is open. Otherwise the sweep ends it (``stop_due``): another
-        invocation's start in flight, or a rank another invocation marked STOP_REQUESTED and maybe
-        died before its StopTask (its paced rounds ask it). One read of the ranks (at most
-        ``gang_inline_max_ranks``)."""
+        """An aborted launch started inline whose stops ECS took: its stop intent ends now if each
+        rank not ended is one this invocation asked ECS to stop (``asked``) and no lease is open;
+        else the sweep ends it (``stop_due``: a start in flight elsewhere, or a rank marked and
+        maybe not asked, which its paced rounds ask). One read of the ranks (``gang_inline_max_ranks``)."""
         if not self._launch_settled(job, attempt, clock.now(), asked=asked):
             return False
         return self.fanouts.end_stop(job, attempt)
@@ -463,6 +457,7 @@ class GangOps:
                     job.job_id, job.attempt, job.world_size, rank.rank, [Latch.REGISTERED],
                     node=rank.container_inst_id, registered_at=rank.registered_at)
         planned = [PlannedRank(t.rank, t.node, self._spec(t)) for t in read.planned]
+        failure: ClientError | BotoCoreError | None = None
         for call in plan_calls(planned, batching=self.settings.batch_identical_starts):
             todo = [read.startable[r] for r in call.ranks if r in read.startable]
             if not todo:
@@ -475,6 +470,10 @@ class GangOps:
             except LaunchMovedOn:
                 result.reason = "job moved on"
                 return
+            except (ClientError, BotoCoreError) as error:
+                # Its lease stays (looked up when tried again): the batch's other calls go first.
+                failure = failure or error
+                continue
             result.started += started
             complete |= completed
             launch = intent_kind(job.start_fanout) == LAUNCH
@@ -491,6 +490,8 @@ class GangOps:
                 return  # a queue launch not placed is aborted: nothing more of it is started
         if complete:
             self.reactions.emit(RanksStarted(repo.get_job(job.job_id) or job))
+        if failure is not None:
+            raise failure
 
     def _launch_moved_on(self, job: Job) -> bool:
         """The launch's job, read again (a consistent GetItem of its attempt and state), left this
