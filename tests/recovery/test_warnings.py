@@ -193,6 +193,22 @@ def test_a_job_that_cannot_be_asked_keeps_running_and_the_node_is_repaired_once_
         assert len(resets_on(w, NODE)) == 1
 
 
+def test_a_warning_whose_node_reported_nothing_since_is_repaired_on_its_last_report() -> None:
+    """The node's only GPU report (the driver asking for a reset) is 20 minutes old when its job
+    leaves (the agent's later reports failed): the report aged out of the evidence's window is
+    judged as of its own time, not as a report that no longer shows the warning; the node is
+    reset, not uncordoned (8 % sweep ``driver_warning`` s13: a move that took 11 minutes)."""
+    with world() as w:
+        arns = w.register_job("t", [NODE])
+        warn(w, NODE, ra="gpu_reset")
+        sweeps(w, 20)
+        assert w.repo.instances.get_instance(NODE).cordoned and resets_on(w, NODE) == []
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=0))
+        sweeps(w, 1)
+        assert len(resets_on(w, NODE)) == 1
+        assert w.repo.instances.get_instance(NODE).cordoned
+
+
 def test_a_gpu_that_fails_before_the_move_takes_the_ordinary_recovery() -> None:
     """The move asked, the GPU fails first: the rank's exit is a fault like any other (the
     suspension dropped); its evidence carries the driver's own word (reset, fast path), and

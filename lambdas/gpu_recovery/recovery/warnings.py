@@ -118,15 +118,19 @@ class GpuWarnings:
         rule = str(record.get("rule") or "")
         if not rule or instance.state not in _WARNED:
             return "warning_owned_elsewhere"
+        # Judged on the node's latest GPU report: one older than the evidence's window (its agent's
+        # reports failing) is judged as of its own time, not taken for a report without the warning.
+        report_at = raw.get(ITEM_TELEMETRY_AT)
+        lookback = self.policy.catalog.lookback_seconds
+        judged_at = now if report_at is None or float(report_at) >= now - lookback else float(report_at)
         evidence = self.remediation.evidence(inst_id=inst_id, instance_item=raw, trigger=Trigger.TELEMETRY,
-                                             fault_at=now)
+                                             fault_at=judged_at)
         warning = driver_warning(evidence, self.policy.catalog)
         if warning is None and kept_rates(record):
             # A predicted warning stands until the node is repaired: a later report whose rate
             # dips under the limit (noise, a shorter span) does not withdraw it.
             evidence = replace(evidence, counter_rates=evidence.counter_rates + tuple(kept_rates(record)))
             warning = driver_warning(evidence, self.policy.catalog)
-        report_at = raw.get(ITEM_TELEMETRY_AT)
         repaired = repaired_at(raw)
         stale = report_at is None or (repaired is not None and float(report_at) <= repaired)
         plan = self.remediation.plan(evidence, raw, now=now)
