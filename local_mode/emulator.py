@@ -82,6 +82,7 @@ from .moto_patches import (
     NoSleepTime,
     compare_missing_attributes_as_dynamodb_does,
     install_emulator_speedups,
+    judge_log_events_on_the_installed_clock,
     make_dynamodb_writes_atomic,
     pass_start_task_network_configuration,
     share_model_loader,
@@ -240,6 +241,7 @@ class LocalAws:
         make_dynamodb_writes_atomic()
         compare_missing_attributes_as_dynamodb_does()
         pass_start_task_network_configuration()
+        judge_log_events_on_the_installed_clock()
         install_emulator_speedups()
         install_moto_dispatch()
         # moto advances a described task RUNNING -> ... -> STOPPED on its own; the

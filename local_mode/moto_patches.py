@@ -1,7 +1,8 @@
 """What ``LocalAws`` changes in botocore and moto, process-wide and idempotently: one
 botocore data loader for every session, retry back-off recorded instead of slept, moto's
 DynamoDB made atomic per call (as DynamoDB's conditional writes are), moto's StartTask
-given its ``networkConfiguration`` (as its RunTask is), attribute values
+given its ``networkConfiguration`` (as its RunTask is), its CloudWatch Logs judging an event's
+age on the installed clock (a simulated world's, whose day is fixed), attribute values
 serialized directly, moto's dispatch tables cached, its default AMIs only, its tables kept
 sorted, one SNS signing key, boto3's DynamoDB parameter walks pruned
 and its parameter copy made directly, botocore's parameter validation compiled per shape
@@ -345,6 +346,28 @@ def shared_sns_signing_key() -> Any:
 
             _signing_keys.append(rsa.generate_private_key(public_exponent=65537, key_size=2048))
         return _signing_keys[0]
+
+
+def judge_log_events_on_the_installed_clock() -> None:
+    """moto's CloudWatch Logs takes no event older than 14 days (nor more than 2 hours ahead),
+    judged on the wall clock: a simulated world's events, on its own clock (which starts on a
+    fixed day), were all refused once that day was two weeks past. Its "now" is the installed
+    clock's (``gpu_recovery.clock``: the simulation's in a world, the wall clock otherwise), as
+    every other time the emulator answers is (idempotent)."""
+    from datetime import UTC, datetime
+
+    from moto.logs import models
+
+    from gpu_recovery import clock as gr_clock
+
+    if getattr(models.utcnow, "_installed_clock", False):
+        return
+
+    def installed_now() -> datetime:
+        return datetime.fromtimestamp(gr_clock.now(), UTC).replace(tzinfo=None)
+
+    installed_now._installed_clock = True  # type: ignore[attr-defined]
+    models.utcnow = installed_now  # type: ignore[assignment]
 
 
 def pass_start_task_network_configuration() -> None:

@@ -154,3 +154,24 @@ def test_the_grants_guard_reads_task_definitions_and_tags_as_moto_s_api_answers_
             tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [resource]}])["Tags"]
             assert facts.resource_tags(instance_arn(resource)) == {t["Key"]: t["Value"] for t in tags}
         assert facts.resource_tags(instance_arn(instance)) == {"gpu-recovery": "yes", "b": ""}
+
+
+def test_a_simulated_world_s_log_events_are_judged_on_its_own_clock() -> None:
+    """CloudWatch Logs refuses events over 14 days old; the simulated day is fixed, so on the
+    wall clock every simulated event became too old two weeks after it (the training programs'
+    and the health checks' log lines were dropped from 2026-12-04). In a world they are judged
+    on its clock: an event of the simulated now is kept, whatever the date, and one 15 days
+    before it is refused as AWS refuses it."""
+    from gpu_recovery import clock
+
+    with build_world(handlers=False) as world:
+        logs = world.aws.client("logs")
+        logs.create_log_group(logGroupName="/test/clock")
+        logs.create_log_stream(logGroupName="/test/clock", logStreamName="s")
+        now_ms = int(clock.now() * 1000)
+        old_ms = now_ms - 15 * 86400 * 1000
+        answer = logs.put_log_events(logGroupName="/test/clock", logStreamName="s", logEvents=[
+            {"timestamp": old_ms, "message": "too old"}, {"timestamp": now_ms, "message": "now"}])
+        assert answer.get("rejectedLogEventsInfo") == {"tooOldLogEventEndIndex": 0}
+        events = logs.get_log_events(logGroupName="/test/clock", logStreamName="s", startFromHead=True)
+        assert [e["message"] for e in events["events"]] == ["now"]
