@@ -142,31 +142,22 @@ class LatchRepository:
 
     def registered(self, job_id: str, attempt: int, world_size: int) -> set[int]:
         """The attempt's registered ranks (``ceil(n / 64)`` items: only when some are missing)."""
-        return {int(r) for item in self._shard_items(job_id, attempt, range(shard_count(world_size)))
-                for r in from_ddb(item).get(Latch.REGISTERED.value) or ()}
+        items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
+        return _ranks(map(from_ddb, items), Latch.REGISTERED.value)
 
     def registered_not_ended(self, job_id: str, attempt: int, world_size: int) -> set[int]:
         """The attempt's ranks registered and not ended yet (``ceil(n / 64)`` items)."""
         items = [from_ddb(i) for i in self._shard_items(job_id, attempt, range(shard_count(world_size)))]
-        return ({int(r) for item in items for r in item.get(Latch.REGISTERED.value) or ()}
-                - {int(r) for item in items for r in item.get(Latch.ENDED.value) or ()})
+        return _ranks(items, Latch.REGISTERED.value) - _ranks(items, Latch.ENDED.value)
 
     def ends_settled(self, job_id: str, attempt: int, world_size: int) -> bool:
         """Every rank of the attempt registered has ended, and each shard those ends completed is
         on the head (an arrival that died before the head's write left its shard's ends
         uncounted): one BatchGetItem of the shards and the head."""
-        head_key = latch_head_key(job_id, attempt)
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in range(shard_count(world_size))]
-        items = [from_ddb(i) for i in self.base.db.batch_get(self.table, [*keys, {JOB_PK: head_key}])]
-        head: dict[str, Any] = next((i for i in items if i.get(JOB_PK) == head_key), {})
-        on_head = {int(s) for s in head.get(Latch.ENDED.head_attribute) or ()}
-        shards = [i for i in items if i is not head]
-        registered = {int(r) for item in shards for r in item.get(Latch.REGISTERED.value) or ()}
-        ended = [{int(r) for r in item.get(Latch.ENDED.value) or ()} for item in shards]
-        if registered - set().union(*ended):
-            return False
-        return all(shard_of(min(members)) in on_head for members in ended
-                   if members and shard_complete(world_size, shard_of(min(members)), len(members)))
+        shards, on_head = self._shards_and_head(job_id, attempt, range(shard_count(world_size)), Latch.ENDED)
+        ended = _ranks(shards, Latch.ENDED.value)
+        return _ranks(shards, Latch.REGISTERED.value) <= ended \
+            and _final(shards, on_head, Latch.ENDED, world_size) == ended
 
     def addresses(self, job_id: str, attempt: int, ranks: Iterable[int]) -> dict[int, str]:
         """The preflight addresses ``ranks`` (a few group leaders) reported, by rank."""
@@ -186,27 +177,41 @@ class LatchRepository:
         and died before the head's write counted none of its ranks: nothing else completes the
         latch (one BatchGetItem: the shards and the head)."""
         wanted = set(ranks)
+        shards, on_head = self._shards_and_head(job_id, attempt, sorted({shard_of(r) for r in wanted}), latch)
+        return _final(shards, on_head, latch, world_size) & wanted
+
+    def _shards_and_head(self, job_id: str, attempt: int, shards: Iterable[int],
+                         latch: Latch) -> tuple[list[dict[str, Any]], set[int]]:
+        """The shards ``shards`` (decoded) and the shards whose ``latch`` the head counts (one
+        BatchGetItem)."""
         head_key = latch_head_key(job_id, attempt)
-        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in sorted({shard_of(r) for r in wanted})]
+        keys = [{JOB_PK: latch_shard_key(job_id, attempt, s)} for s in shards]
         items = [from_ddb(i) for i in self.base.db.batch_get(self.table, [*keys, {JOB_PK: head_key}])]
         head: dict[str, Any] = next((i for i in items if i.get(JOB_PK) == head_key), {})
-        on_head = {int(s) for s in head.get(latch.head_attribute) or ()}
-        counted: set[int] = set()
-        for item in items:
-            members = {int(r) for r in item.get(latch.value) or ()} if item is not head else set()
-            if not members:
-                continue
-            shard = shard_of(min(members))
-            if shard_complete(world_size, shard, len(members)) and shard not in on_head:
-                continue
-            counted |= members & wanted
-        return counted
+        return [i for i in items if i is not head], {int(s) for s in head.get(latch.head_attribute) or ()}
 
     def arrived(self, job_id: str, attempt: int, ranks: Iterable[int], latch: Latch) -> set[int]:
         """Which of ``ranks`` (of one or a few shards) arrived at ``latch``."""
         wanted = set(ranks)
-        return {int(r) for item in self._shard_items(job_id, attempt, sorted({shard_of(r) for r in wanted}))
-                for r in from_ddb(item).get(latch.value) or ()} & wanted
+        items = self._shard_items(job_id, attempt, sorted({shard_of(r) for r in wanted}))
+        return _ranks(map(from_ddb, items), latch.value) & wanted
+
+
+def _ranks(items: Iterable[dict[str, Any]], attribute: str) -> set[int]:
+    """The union of a rank-set attribute over the (decoded) shard items."""
+    return {int(r) for item in items for r in item.get(attribute) or ()}
+
+
+def _final(shards: Iterable[dict[str, Any]], on_head: set[int], latch: Latch, world_size: int) -> set[int]:
+    """The ranks at ``latch`` on shards whose count is final: a shard not complete, or complete
+    and counted on the head (the arrival that completed it may have died before the head's write)."""
+    final: set[int] = set()
+    for item in shards:
+        members = _ranks([item], latch.value)
+        if members and (shard_of(min(members)) in on_head
+                        or not shard_complete(world_size, shard_of(min(members)), len(members))):
+            final |= members
+    return final
 
 
 def _members(items: Iterable[dict[str, Any]], attribute: str) -> set[str]:
