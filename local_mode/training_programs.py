@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import math
 import shlex
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +34,6 @@ from gpu_recovery import constants as C
 PROGRAM_TICK_SECONDS = 2.0  # a training step: rank 0 asks the suspend channel once per step
 LOG_EVERY_STEPS = 30
 CHECKPOINT_EVERY_STEPS = 60
-# The emulated CloudWatch Logs refuses events more than 2 h in the future, as AWS does.
-LOG_FUTURE_LIMIT_SECONDS = 2 * 3600 - 60
 # A job's environment may set how long it runs here, in simulated minutes (1/60..10080).
 RUN_MINUTES_ENV = "PLAYGROUND_RUN_MINUTES"
 
@@ -275,9 +272,8 @@ class TrainingPrograms:
             return
         logs = self.sim.local.client("logs")
         self._open_stream(program.log_group, program.log_stream)
-        # Simulated time may run ahead of the wall clock; CloudWatch Logs takes no event more
-        # than 2 h in the future (only a long accelerated session gets there).
-        stamp = int(min(self.sim.now(), time.time() + LOG_FUTURE_LIMIT_SECONDS) * 1000)
+        # Stamped on the simulated clock, which the emulator's Logs judges events' age on.
+        stamp = int(self.sim.now() * 1000)
         logs.put_log_events(logGroupName=program.log_group, logStreamName=program.log_stream,
                             logEvents=[{"timestamp": stamp, "message": f"[rank {program.rank}] {line}"}
                                        for line in lines])
