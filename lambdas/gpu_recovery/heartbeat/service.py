@@ -72,12 +72,10 @@ _SUSPECT_HEADLINE = "GPU node shows hardware errors"
 ACTOR = "heartbeat"
 WATCHED = HEARTBEAT_WATCHED_RANK_STATES
 _GPU_REPORT_RETRIES = 3
-# A job with a NODE_LOST rank that stays as it is (its own machinery runs: a launch, a
-# restart, a suspend): settled once it is RUNNING again.
-_SETTLES_LATER = frozenset({JobState.STARTING, JobState.SUSPENDING})
-# Of those, a STARTING job's lost ranks are escalated once it runs. A SUSPENDING job's are
-# escalated as it is (``heartbeat.escalation``): a node lost for good leaves a rank no stop
-# can confirm, so the suspension could never complete (the job fails as a RUNNING one would).
+# A STARTING job with a NODE_LOST rank stays as it is (its launch or restart runs): its lost
+# ranks are escalated once it runs. A SUSPENDING job's are escalated as it is
+# (``heartbeat.escalation``): a node lost for good leaves a rank no stop can confirm, so the
+# suspension could never complete (the job fails as a RUNNING one would).
 _ESCALATES_LATER = frozenset({JobState.STARTING})
 
 
