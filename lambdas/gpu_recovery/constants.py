@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The domain's vocabulary (states, verdicts, notification kinds, the stop-reason prefix),
+# The domain's vocabulary (states, verdicts, notification kinds, the stop reason's prefix),
 # re-exported for infra/ and local mode, which take the shared names from this module.
 from gpu_recovery.domain.notifications import NotificationKind  # noqa: F401
 from gpu_recovery.domain.states import (  # noqa: F401
@@ -23,6 +23,7 @@ from gpu_recovery.domain.states import (  # noqa: F401
     InstanceState,
     JobState,
     RankState,
+    system_stop_reason,
 )
 
 # --------------------------------------------------------------------------------------

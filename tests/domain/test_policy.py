@@ -11,6 +11,7 @@ from gpu_recovery.domain.policy import (
     StopKind,
     StopReaction,
     TaskStop,
+    classify_stop,
 )
 
 SUSPECT = (1,)
@@ -151,3 +152,14 @@ def test_a_rank_killed_by_the_stacks_reboot_enters_recovery_instead_of_failing_t
                                      may_restart=may_restart) is StopReaction.ENTER_RECOVERY
     assert policy.fault_reaction(JobState.PENDING_HEALTHCHECK, True, node_fault=node_fault, observed=False,
                                  may_restart=False) is StopReaction.ADD_SUSPECT
+
+
+def test_the_stacks_own_stop_reason_is_prefixed_and_within_ecs_limit() -> None:
+    """Every StopTask this system makes says so (``classify_stop`` reads the prefix) and fits
+    ECS's 255 characters, however long its ``why``."""
+    from gpu_recovery.domain.states import system_stop_reason
+
+    long = system_stop_reason("x" * 400)
+    assert len(long) == 255
+    for reason in (system_stop_reason("check timed out"), long):
+        assert classify_stop(TaskStop(None, "UserInitiated", reason), ()) is StopKind.STOPPED_BY_SYSTEM

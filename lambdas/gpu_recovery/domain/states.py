@@ -12,6 +12,11 @@ from enum import Enum
 SYSTEM_STOP_REASON_PREFIX = "gpu-recovery:"
 
 
+def system_stop_reason(why: str) -> str:
+    """The StopTask reason this system gives for ``why`` (prefixed; at most ECS's 255 characters)."""
+    return f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255]
+
+
 class JobState(str, Enum):
     """One state machine for the job record (shared with the queue service)."""
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX
+from gpu_recovery.constants import system_stop_reason
 from gpu_recovery.domain import started_by
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import ENDING_JOB_STATES, LIVE_RANK_STATES, STARTED_JOB_STATES, JobState
@@ -150,7 +150,7 @@ class LedgerDrain:
         known = {r.task_arn for r in registered.values()}
         for arn in self.ecs.tasks_started_by(old_started_by(job.job_id, attempt, rank)):
             if arn not in known:
-                self.ecs.stop_task(arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt {attempt} abandoned")
+                self.ecs.stop_task(arn, system_stop_reason(f"launch of attempt {attempt} abandoned"))
 
     def _stop(self, ranks: Iterable[Rank], why: str) -> bool:
         """Whether ECS took every stop (a refused one is asked again by the next tick)."""
@@ -161,7 +161,7 @@ class LedgerDrain:
             if rank.state in LIVE_RANK_STATES:
                 self.ranks.request_rank_stop(rank, why, clock.now())
             try:
-                self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}")
+                self.ecs.stop_task(rank.task_arn, system_stop_reason(why))
             except Exception:
                 logger.warning("could not stop a rank", exc_info=True, extra={"task": rank.task_arn})
                 all_stopped = False

@@ -55,10 +55,9 @@ from gpu_recovery.domain.aws_notices import (
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.gpu_warnings import asked, job_entry
 from gpu_recovery.domain.models import Instance, Job, Rank
-from gpu_recovery.domain.policy import SYSTEM_STOP_REASON_PREFIX
 from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
-from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState
+from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState, system_stop_reason
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.notices import Notices, Owed
@@ -392,7 +391,7 @@ class AwsNotices:
         does (marked). Never raises: the move goes on."""
         try:
             _twice(partial(self.data.jobs.request_rank_stop, rank, why, clock.now()))
-            _twice(partial(self.ecs.stop_task, rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255]))
+            _twice(partial(self.ecs.stop_task, rank.task_arn, system_stop_reason(why)))
         except (ClientError, BotoCoreError) as error:
             logger.warning("the rank on the announced node not asked first: the gang's stop or the "
                            "sweep asks it",
@@ -491,7 +490,7 @@ class AwsNotices:
             if job is None or job.attempt != rank.attempt or not _moving_off_notice(job):
                 continue
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
-            self.ecs.stop_task(rank.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255])
+            self.ecs.stop_task(rank.task_arn, system_stop_reason(why))
             logger.warning("rank on a node AWS takes away asked to stop again", extra={
                 "job_id": job.job_id, "rank": rank.rank, "instance": rank.container_inst_id})
 

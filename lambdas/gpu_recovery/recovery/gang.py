@@ -52,10 +52,10 @@ from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     LAUNCH_LEASE_SECONDS,
     MAX_STOP_ROUNDS,
-    SYSTEM_STOP_REASON_PREFIX,
     TAG_ATTEMPT,
     TAG_RANK,
     TAG_RANKS,
+    system_stop_reason,
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.gang_batches import (
@@ -329,8 +329,8 @@ class GangOps:
                 for task_arn in tasks:
                     logger.warning("stopping a task of an aborted launch never registered", extra={
                         "job_id": job.job_id, "attempt": attempt, "rank": lease.rank, "task": task_arn})
-                    self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} launch of attempt "
-                                                 f"{attempt} aborted; its task was never registered"[:255])
+                    self.ecs.stop_task(task_arn, system_stop_reason(
+                        f"launch of attempt {attempt} aborted; its task was never registered"))
             if listed.get(lease.started_by):
                 settled = False  # looked up again at the next sweep: not listed once stopping
             else:
@@ -395,7 +395,7 @@ class GangOps:
                 if r.state in LIVE_RANK_STATES
                 or (reask and r.state is RankState.STOP_REQUESTED
                     and (r.stop_requested_at or 0.0) <= now - REASK_AFTER_SECONDS)]
-        reason = f"{SYSTEM_STOP_REASON_PREFIX} {batch.why}"[:255]
+        reason = system_stop_reason(batch.why)
         if reask and self.reactions.handles(StoppedEventLost):
             # Their STOPPED events lost, or their handling dead after the rank's write: handled as
             # those events (``recovery.lost_stop_events``) instead of stopped again.
@@ -504,11 +504,10 @@ class GangOps:
         the abort's stop may have read their items before: they are stopped here (marked first,
         as the stop fan-out does; one marked and not asked is asked by its paced rounds)."""
         why = f"launch of attempt {job.attempt} ended while its ranks started"
-        reason = f"{SYSTEM_STOP_REASON_PREFIX} {why}"[:255]
         for rank in self.data.get_rank_range(job.job_id, min(started), max(started) + 1):
             if rank.rank in started and rank.attempt == job.attempt and rank.state in LIVE_RANK_STATES \
                     and self.data.request_rank_stop(rank, why, clock.now()):
-                self.ecs.stop_task(rank.task_arn, reason)
+                self.ecs.stop_task(rank.task_arn, system_stop_reason(why))
 
     @staticmethod
     def _spec(rank: RankTemplate) -> str:

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import (
     RETRY_INTERVAL_SECONDS,
-    SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
+    system_stop_reason,
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import (
@@ -200,7 +200,7 @@ class GpuResets:
             if task is not None and task.get("lastStatus") == "STOPPED":
                 return self.on_stopped(EcsTaskDetail.model_validate(task)).action
             if task is not None:
-                self.ecs.stop_task(task_arn, f"{SYSTEM_STOP_REASON_PREFIX} GPU reset timed out")
+                self.ecs.stop_task(task_arn, system_stop_reason("GPU reset timed out"))
         return self.fall_back(instance, "the GPU reset did not finish in time")
 
     def gone(self, instance: Instance) -> str:

@@ -28,7 +28,7 @@ from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.constants import (
     CLAIM_LEASE_SECONDS,
     RETRY_INTERVAL_SECONDS,
-    SYSTEM_STOP_REASON_PREFIX,
+    system_stop_reason,
 )
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.escalation import history_from_item
@@ -504,7 +504,7 @@ class HealthChecks:
                 if outcome.action not in ("health_check_retry", node_tasks.FOREIGN_TASK):
                     return outcome.action
             elif instance.check.task_arn:
-                self.ecs.stop_task(instance.check.task_arn, f"{SYSTEM_STOP_REASON_PREFIX} check timed out")
+                self.ecs.stop_task(instance.check.task_arn, system_stop_reason("check timed out"))
             return self._undiagnosed(instance, f"no verdict in {settings.health_check_timeout_seconds} s")
         # Within its time: its task looked at (a lost STOPPED event read from ECS), or its
         # claim with none taken over once its lease ends (``NodeTasks.follow``).

@@ -41,8 +41,8 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import (
     RETRY_INTERVAL_SECONDS,
-    SYSTEM_STOP_REASON_PREFIX,
     NotificationKind,
+    system_stop_reason,
 )
 from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, failed_check_cordon, validating_record
@@ -97,7 +97,7 @@ LOG_GRACE_SECONDS = 120.0
 APPLY_ROUNDS = 3
 # The stack's StopTask of a task past its time: whatever exit the cut-short diag gives then is
 # no answer of the node's (on_stopped reads it as no verdict).
-OUT_OF_TIME_REASON = f"{SYSTEM_STOP_REASON_PREFIX} validation timed out"
+OUT_OF_TIME_REASON = system_stop_reason("validation timed out")
 
 
 class ValidationNodes(ReadsNodeItems, ReadsInstances, Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_recovery.constants import SYSTEM_STOP_REASON_PREFIX, JobState, RankState
+from gpu_recovery.constants import JobState, RankState, system_stop_reason
 from gpu_recovery.domain.gang_batches import STOP, batches
 from gpu_recovery.domain.state_machine import can_transition, check_transition
 from gpu_recovery.domain.states import LIVE_RANK_STATES, QUEUED_JOB_STATES
@@ -73,7 +73,7 @@ def _stop_and_finish(context: JobsApiContext, job_id: str, user: str, *,
                 STOP, job.job_id, job.attempt, job.world_size, why=why, remediation=False))
         return [], job.state, False
     ranks = [r for r in context.repo.get_ranks(job) if r.attempt == job.attempt]
-    why = f"{SYSTEM_STOP_REASON_PREFIX} canceled by {user}"
+    why = system_stop_reason(f"canceled by {user}")
     stopping: list[int] = []
     for rank in ranks:
         if rank.state in LIVE_RANK_STATES:
