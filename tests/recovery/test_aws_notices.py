@@ -244,6 +244,38 @@ def test_a_spot_warning_stops_the_rank_on_the_announced_node_first() -> None:
         _moved(w, "tagged", arns)
 
 
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["go_suspend", "stopped_at_the_bound"])
+def test_a_queue_job_moving_off_the_node_has_its_rank_there_asked_first(checkpointed: bool) -> None:
+    """Given a queue job asked to move off a node with a Spot warning (its rank 1 there), When
+    rank 0 checkpoints and calls go_suspend(), or the move's bound passes without it, Then the
+    rank on the announced node is asked to stop first (a large gang's stop is paced: the
+    deadline is that rank's alone), and the gang's stop, which finds it asked, asks the others
+    once each; a StopTask of it that fails once is asked again at once."""
+    with world() as w:
+        arns = w.register_queue_job("train", [PEER, NODE])
+        notify(w, "spot_interruption")
+        stop_task, failed = w.ecs.stop_task, []
+
+        def throttled_once(task_arn: str, reason: str) -> None:
+            if not failed:
+                failed.append(task_arn)
+                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
+            stop_task(task_arn, reason)
+
+        w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
+        if checkpointed:
+            assert w.service.go_suspend("train", 0, 1).action == "suspending"
+        else:
+            sweeps(w, 1, every=n.SPOT_WARNING_SECONDS - n.STOP_MARGIN_SECONDS)
+        assert failed == [arns[1]] and w.ecs.stop_calls == [arns[1], arns[0]]
+        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        w.stopped_by_the_stack(arns)
+        job = w.repo.jobs.get_job_item("train")
+        assert job["job_state"] == JobState.SUSPENDED.value
+        assert [m["outcome"] for m in job["moves"]] == ["moved" if checkpointed else "stopped_at_deadline"]
+
+
 def test_a_first_stop_whose_stoptask_failed_is_asked_again_at_once() -> None:
     """Given the StopTask of the announced node's rank throttled once (its rank marked asked),
     Then the move's second try asks it again at once (StopTask is idempotent): the rank on the
@@ -265,6 +297,35 @@ def test_a_first_stop_whose_stoptask_failed_is_asked_again_at_once() -> None:
         assert failed == [arns[1]] and w.ecs.stop_calls[0] == arns[1]
         w.ecs.stop_task = stop_task  # type: ignore[method-assign]
         _moved(w, "tagged", arns)
+
+
+def test_a_sweep_whose_read_failed_before_the_deadline_asks_the_job_at_once() -> None:
+    """Given a Spot warning recorded whose delivery died before asking the job (its reads of the
+    node's ranks failed at both tries), When the sweep's first read of them fails too, Then the
+    sweep tries its step again at once: the job is asked in that sweep, not a minute nearer the
+    two-minute deadline."""
+    with world() as w:
+        w.register_queue_job("train", [PEER, NODE])
+        real = w.repo.jobs.live_ranks_on_instance
+        reads: list[int] = []
+
+        def failing(inst_id: str, *args: Any, **kwargs: Any) -> Any:
+            reads.append(len(reads) + 1)
+            if len(reads) in (2, 3, 4):  # the delivery's two tries after the record; the sweep's first
+                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "Query")
+            return real(inst_id, *args, **kwargs)
+
+        w.repo.jobs.live_ranks_on_instance = failing  # type: ignore[method-assign]
+        with pytest.raises(ClientError):
+            notify(w, "spot_interruption")
+        assert w.repo.instances.get_instance(NODE).notice["kind"] == "spot_interruption"
+        assert w.repo.jobs.get_job("train").state is JobState.RUNNING  # recorded, not asked
+        w.advance(C.NOTICE_RETRY_SECONDS)
+        w.service.sweep()
+        assert len(reads) == 5
+        job = w.repo.jobs.get_job("train")
+        assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "moved"
 
 
 def _moved(w: World, job_id: str, arns: list[str]) -> None:

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -60,6 +60,7 @@ from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState, system_stop_reason
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.recovery.cordons import Cordons
+from gpu_recovery.recovery.deadline_calls import stop_first, twice
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import (
     ListsContainerInstances,
@@ -80,7 +81,6 @@ RESTOP_AFTER_SECONDS = 20
 #: ECS's cluster query language takes a list after ``in``; ids per ListContainerInstances filter
 IDS_PER_QUERY = 50
 #: kinds after whose window the node is back (the others take the instance away for good)
-_T = TypeVar("_T")
 COMES_BACK = (NoticeKind.REBOOT_MAINTENANCE, NoticeKind.MAINTENANCE)
 _STARTED = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
@@ -94,7 +94,7 @@ class NoticeJobs(ReadsJob, Protocol):
 
     def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
 
-    def request_rank_stop(self, rank: Rank, why: str, now: float) -> bool: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float, *, watched: bool = False) -> bool: ...
 
 
 class NoticeNodes(ReadsNodeItems, ReadsNode, Protocol):
@@ -163,7 +163,7 @@ class AwsNotices:
         scheduler may still place work there, and the delivery's retry is a minute away (apply
         is idempotent: the notice's key). One node failing twice holds back no other."""
         try:
-            return _twice(lambda: self.apply(notice, inst_id, str(node["containerInstanceArn"]),
+            return twice(lambda: self.apply(notice, inst_id, str(node["containerInstanceArn"]),
                                              str(node.get("ec2InstanceId") or ""), clock.now()))
         except (ClientError, BotoCoreError) as error:
             logger.error("AWS notice not recorded on a node: the delivery is retried",
@@ -182,7 +182,7 @@ class AwsNotices:
             # A node just listed that DescribeContainerInstances answers MISSING (ECS is
             # eventually consistent), or a throttled call, is not given up: asked again at once,
             # then the delivery fails and is retried (a notice of two minutes has no minute to lose).
-            found.extend(_twice(partial(self.ecs.container_instances, query=query, missing_ok=False),
+            found.extend(twice(partial(self.ecs.container_instances, query=query, missing_ok=False),
                                 retry_on=(EcsActionFailed, ClientError, BotoCoreError)))
         return found
 
@@ -324,7 +324,7 @@ class AwsNotices:
                 return settled
 
             try:
-                settled = _twice(move, done=bool)
+                settled = twice(move, done=bool)
             except (ClientError, BotoCoreError) as error:
                 settled = False
                 logger.warning("a call of a job's move off an announced node failed",
@@ -371,7 +371,7 @@ class AwsNotices:
         unsent = (job.state is JobState.PENDING_RESTART and job.tally.opened_by == NOTICE_FAULT
                   and bool(job.stop_fanout) and not job.stop_fanout.get("sent_at"))
         if unsent:
-            self._stop_first(rank, str(job.stop_fanout.get("why") or "AWS notice"))
+            stop_first([rank], str(job.stop_fanout.get("why") or "AWS notice"), repo.jobs, self.ecs)
         if moved:
             self.notices.send([owed])
             self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
@@ -381,21 +381,6 @@ class AwsNotices:
         if unsent and self.stop_gang is not None:
             return moved, bool(self.stop_gang(job))
         return moved, True
-
-    def _stop_first(self, rank: Rank, why: str) -> None:
-        """The job's rank on the node AWS takes, asked to stop before the gang's others: the
-        deadline is its alone, and a large gang's stop is paced by the stack's ECS budget. Marked
-        asked first (as the gang's stop does; a mark tried again finds it written and answers
-        False), then StopTask (idempotent), each tried again at once. The gang's stop finds it
-        asked; if this fails, the gang's stop asks it (not marked) or the sweep's ``_stop_again``
-        does (marked). Never raises: the move goes on."""
-        try:
-            _twice(partial(self.data.jobs.request_rank_stop, rank, why, clock.now()))
-            _twice(partial(self.ecs.stop_task, rank.task_arn, system_stop_reason(why)))
-        except (ClientError, BotoCoreError) as error:
-            logger.warning("the rank on the announced node not asked first: the gang's stop or the "
-                           "sweep asks it",
-                           extra={"job_id": rank.job_id, "rank": rank.rank, "error": str(error)})
 
     def _rearm(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float, *,
                drain_owed: bool) -> None:
@@ -430,14 +415,13 @@ class AwsNotices:
         record = instance.notice
         key, deadline = str(record["key"]), _float(record.get("deadline"))
         if deadline is None or now < deadline:
-            live = repo.jobs.live_ranks_on_instance(inst_id)  # read once for every step below
-            self._stop_again(live, now)
-            asked_now = self._ask_jobs(inst_id, record, live, now)
-            if stop_due(deadline, now, RECOVERY_SWEEP_RATE_SECONDS):
-                asked_now += self._stop_and_move(inst_id, record, live, now)
-            drained = after_commit("aws-notice drain", self._drain, instance, now)
-            self._rearm(inst_id, record, live, now, drain_owed=owes_drain(record) and not drained)
-            return "notice_moving_jobs" if asked_now else "notice_waiting"
+            try:
+                return self._before_deadline(instance, now)
+            except (ClientError, BotoCoreError) as error:
+                # The next sweep may be past the deadline: tried again at once, on the node read
+                # again (the first try may have asked a job; every step is idempotent).
+                logger.warning("a call failed: tried again at once", extra={"error": str(error)})
+            return self._before_deadline(repo.instances.get_instance(inst_id), now)
         if not record.get("ended_at"):
             left = sorted({r.job_id for r in repo.jobs.live_ranks_on_instance(inst_id)})
             if left:
@@ -459,6 +443,21 @@ class AwsNotices:
                 after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
             return "notice_window_over"
         return "raced"
+
+    def _before_deadline(self, instance: Instance | None, now: float) -> str:
+        """The sweep's step of a notice whose deadline has not come: its jobs asked (stopped when
+        due), its drain done, its next step armed."""
+        if instance is None or not instance.notice:
+            return "ignored"
+        inst_id, record = instance.container_inst_id, instance.notice
+        live = self.data.jobs.live_ranks_on_instance(inst_id)  # read once for every step below
+        self._stop_again(live, now)
+        asked_now = self._ask_jobs(inst_id, record, live, now)
+        if stop_due(_float(record.get("deadline")), now, RECOVERY_SWEEP_RATE_SECONDS):
+            asked_now += self._stop_and_move(inst_id, record, live, now)
+        drained = after_commit("aws-notice drain", self._drain, instance, now)
+        self._rearm(inst_id, record, live, now, drain_owed=owes_drain(record) and not drained)
+        return "notice_moving_jobs" if asked_now else "notice_waiting"
 
     def _drain(self, instance: Instance, now: float) -> bool:
         """A Capacity Block's node drained in ECS (``DRAINED_KINDS``), by the sweep (the
@@ -519,20 +518,6 @@ class AwsNotices:
                              "elsewhere when capacity exists. To return a node that stays cordoned: "
                              "gpu-recovery-admin uncordon."),
             details=[f"notice key: {notice.key}", f"deadline: {iso(notice.deadline)}"])
-
-
-def _twice(step: Callable[[], _T], *, done: Callable[[_T], bool] = lambda _: True,
-           retry_on: tuple[type[Exception], ...] = (ClientError, BotoCoreError)) -> _T:
-    """``step`` tried again at once when a call of it fails (or its result is not ``done``): a
-    notice's deadline leaves no minute for the delivery's retry. The second try's failure is
-    raised; every step is idempotent (the notice's key, the job's state, the stop intent)."""
-    try:
-        first = step()
-        if done(first):
-            return first
-    except retry_on as error:
-        logger.warning("a call failed: tried again at once", extra={"error": str(error)})
-    return step()
 
 
 def _moving_off_notice(job: Job) -> bool:

@@ -114,7 +114,7 @@ class RecoveryService:
                             gang_queue, policy=policy, metrics=self._metrics, settings=settings,
                             reactions=reactions, launches=launch_templates)
         suspension_items = SuspensionRepository(repo.jobs)
-        self.suspensions = Suspensions(repo.jobs, suspension_items, notices, self.gang,
+        self.suspensions = Suspensions(repo.jobs, suspension_items, notices, self.gang, ecs,
                                        metrics=self._metrics, reactions=reactions)
         # A waiting relocation takes back the spares lent to queue jobs (their suspension).
         holds = HeldJobs(repo, repo.breaker, notices, metrics=self._metrics, settings=settings)

@@ -24,7 +24,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
+
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -39,6 +42,7 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
+from gpu_recovery.recovery.deadline_calls import TaskStopper, stop_first, twice
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.notices import Notices
@@ -70,6 +74,8 @@ class SuspensionReads(Protocol):
     def get_job(self, job_id: str) -> Job | None: ...
     def get_ranks_numbered(self, job_id: str, numbers: Iterable[int]) -> list[Rank]: ...
     def get_job_item(self, job_id: str) -> dict[str, Any] | None: ...
+    def live_ranks_on_instance(self, container_inst_id: str) -> list[Rank]: ...
+    def request_rank_stop(self, rank: Rank, why: str, now: float, *, watched: bool = False) -> bool: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -78,6 +84,7 @@ class Suspensions:
     store: SuspensionRepository
     notices: Notices
     gang: GangOps
+    ecs: TaskStopper  # a move off a node AWS takes: its rank there asked first
     _: KW_ONLY
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     # Told: a job moved off a node (a warned node may be repaired now).
@@ -142,7 +149,24 @@ class Suspensions:
                 return [], job
         if job.stop_fanout.get("sent_at"):
             return [], job
+        self._stop_on_announced_node(job, why)
         return self.gang.stop(job).stopped, job
+
+    def _stop_on_announced_node(self, job: Job, why: str) -> None:
+        """A move off a node AWS takes (``recovery.aws_notices``): the job's ranks there are asked
+        before the gang's others (the deadline is theirs; a large gang's stop is paced). One Query
+        of the node's ranks; a failure leaves them to the gang's stop."""
+        avoid = job.suspend.get("avoid") or {}
+        if not avoid.get("notice") or not avoid.get("node"):
+            return
+        try:
+            ranks = twice(partial(self.data.live_ranks_on_instance, str(avoid["node"])))
+        except (ClientError, BotoCoreError) as error:
+            logger.warning("the ranks on the announced node not read: the gang's stop asks them",
+                           extra={"job_id": job.job_id, "error": str(error)})
+            return
+        ours = [r for r in ranks if r.job_id == job.job_id and r.attempt == job.attempt]
+        stop_first(ours, str(job.stop_fanout.get("why") or why), self.data, self.ecs, watched=True)
 
     # ---------------------------------------------------------------- converge
     def converge(self, job: Job, *, reissue: bool) -> str:

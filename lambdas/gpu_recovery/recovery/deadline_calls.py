@@ -1,0 +1,62 @@
+"""Calls made against a deadline AWS sets (a node it takes away: ``recovery.aws_notices``).
+
+The sweep's minute and a delivery's retry may both come too late, so a failed call is tried
+again at once (:func:`twice`), and the ranks on the node AWS takes are asked to stop before
+their gang's others (:func:`stop_first`): the deadline is theirs alone, and a large gang's stop
+is paced by the stack's ECS budget (8,192 ranks take minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Protocol, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpu_recovery import clock
+from gpu_recovery.domain.models import Rank
+from gpu_recovery.domain.states import system_stop_reason
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class StopMarks(Protocol):
+    def request_rank_stop(self, rank: Rank, why: str, now: float, *, watched: bool = False) -> bool: ...
+
+
+class TaskStopper(Protocol):
+    def stop_task(self, task_arn: str, reason: str) -> None: ...
+
+
+def twice(step: Callable[[], _T], *, done: Callable[[_T], bool] = lambda _: True,
+          retry_on: tuple[type[Exception], ...] = (ClientError, BotoCoreError)) -> _T:
+    """``step`` tried again at once when a call of it fails (or its result is not ``done``).
+    The second try's failure is raised; every step given is idempotent."""
+    try:
+        first = step()
+        if done(first):
+            return first
+    except retry_on as error:
+        logger.warning("a call failed: tried again at once", extra={"error": str(error)})
+    return step()
+
+
+def stop_first(ranks: Iterable[Rank], why: str, marks: StopMarks, ecs: TaskStopper, *,
+               watched: bool = False) -> None:
+    """Each rank marked asked (as the gang's stop does; a mark tried again finds it written and
+    answers False), then StopTask (idempotent), each tried again at once. The gang's stop then
+    finds them asked; if this fails, the gang's stop asks a rank not marked and the paced rounds
+    (or the notice's sweep) a marked one. ``watched``: a suspension's (``request_rank_stop``).
+    Never raises: the stop goes on."""
+    for rank in ranks:
+        try:
+            twice(partial(marks.request_rank_stop, rank, why, clock.now(), watched=watched))
+            twice(partial(ecs.stop_task, rank.task_arn, system_stop_reason(why)))
+        except (ClientError, BotoCoreError) as error:
+            logger.warning("a rank on a node AWS takes not asked first: the gang's stop or the "
+                           "sweep asks it", extra={"job_id": rank.job_id, "rank": rank.rank,
+                                                   "error": str(error)})
