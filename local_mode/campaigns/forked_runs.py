@@ -161,6 +161,10 @@ def _fork_server(conn: Any) -> None:
     """A fresh process of one thread (multiprocessing's spawn) that forks the drivers; each
     warm-up asked for runs here once (a driver then does not pay for loading moto's services
     and the AWS models)."""
+    # The runs' prints (the functions' EMF metric lines) are theirs to keep: a caller hears of a
+    # run by its result. Spawned, this process writes to the caller's own stdout, which a
+    # campaign's caller (``python -m local_mode.campaigns``: one JSON line per flow) redirects.
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the process's, for its whole life)
     warmed: set[Any] = set()
     shared_sns_signing_key()  # made once here, not in every forked run that sends an e-mail
     while True:

@@ -106,6 +106,23 @@ def test_every_forked_run_ends_as_its_run_from_the_start() -> None:
     assert runs[(3, LOST_RESPONSE)].log == ["3 lost"]
 
 
+def printing_flow(fault: tuple[int, str] | None) -> Outcome:
+    print("a broken run's own line (a function's EMF metrics)")
+    return flow(fault)
+
+
+def test_the_broken_runs_print_nothing_on_the_callers_stdout(
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The campaigns' command prints one JSON line per flow: the runs' own prints (their
+    functions' metrics) stay out of it, from a fork server started under the caller's stdout."""
+    from local_mode.campaigns import forked_runs
+
+    monkeypatch.setattr(forked_runs, "_server", None)  # one started here, on this test's stdout
+    runs = broken_runs(printing_flow, [(2, THROTTLE), (5, LOST_RESPONSE)])
+    assert not any(isinstance(r, BrokenRunFailed) for r in runs.values())
+    assert "a broken run's own line" not in capfd.readouterr().out
+
+
 def test_a_broken_run_that_raises_or_dies_is_a_failure() -> None:
     raising = broken_runs(partial(flow, raise_at=5), [(4, THROTTLE), (5, THROTTLE), (5, LOST_RESPONSE)])
     assert not isinstance(raising[(4, THROTTLE)], BrokenRunFailed)
