@@ -254,16 +254,7 @@ def test_a_queue_job_moving_off_the_node_has_its_rank_there_asked_first(checkpoi
     with world() as w:
         arns = w.register_queue_job("train", [PEER, NODE])
         notify(w, "spot_interruption")
-        stop_task, failed = w.ecs.stop_task, []
-
-        def throttled_once(task_arn: str, reason: str) -> None:
-            if not failed:
-                failed.append(task_arn)
-                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
-            stop_task(task_arn, reason)
-
-        w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
+        stop_task, failed = w.ecs.stop_task, _throttle_first_stop(w)
         if checkpointed:
             assert w.service.go_suspend("train", 0, 1).action == "suspending"
         else:
@@ -283,16 +274,7 @@ def test_a_first_stop_whose_stoptask_failed_is_asked_again_at_once() -> None:
     with world() as w:
         w.ecs.spare_nodes = [IDLE]
         arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
-        stop_task, failed = w.ecs.stop_task, []
-
-        def throttled_once(task_arn: str, reason: str) -> None:
-            if not failed:
-                failed.append(task_arn)
-                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
-            stop_task(task_arn, reason)
-
-        w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
+        stop_task, failed = w.ecs.stop_task, _throttle_first_stop(w)
         notify(w, "spot_interruption")
         assert failed == [arns[1]] and w.ecs.stop_calls[0] == arns[1]
         w.ecs.stop_task = stop_task  # type: ignore[method-assign]
@@ -326,6 +308,22 @@ def test_a_sweep_whose_read_failed_before_the_deadline_asks_the_job_at_once() ->
         assert len(reads) == 5
         job = w.repo.jobs.get_job("train")
         assert job.state is JobState.SUSPENDING and job.suspend["kind"] == "moved"
+
+
+def _throttle_first_stop(w: World) -> list[str]:
+    """The first StopTask from here on is throttled (its task returned in the list); the others go
+    to ECS."""
+    stop_task, failed = w.ecs.stop_task, []
+
+    def throttled_once(task_arn: str, reason: str) -> None:
+        if not failed:
+            failed.append(task_arn)
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
+        stop_task(task_arn, reason)
+
+    w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
+    return failed
 
 
 def _moved(w: World, job_id: str, arns: list[str]) -> None:
