@@ -164,7 +164,7 @@ class AwsNotices:
         is idempotent: the notice's key). One node failing twice holds back no other."""
         try:
             return twice(lambda: self.apply(notice, inst_id, str(node["containerInstanceArn"]),
-                                             str(node.get("ec2InstanceId") or ""), clock.now()))
+                                            str(node.get("ec2InstanceId") or ""), clock.now()))
         except (ClientError, BotoCoreError) as error:
             logger.error("AWS notice not recorded on a node: the delivery is retried",
                          extra={"instance": inst_id, "error": str(error)})
@@ -183,7 +183,7 @@ class AwsNotices:
             # eventually consistent), or a throttled call, is not given up: asked again at once,
             # then the delivery fails and is retried (a notice of two minutes has no minute to lose).
             found.extend(twice(partial(self.ecs.container_instances, query=query, missing_ok=False),
-                                retry_on=(EcsActionFailed, ClientError, BotoCoreError)))
+                               retry_on=(EcsActionFailed, ClientError, BotoCoreError)))
         return found
 
     # ------------------------------------------------------------------ one node
