@@ -73,7 +73,7 @@ class LostResponse(Exception):
     """The call executed; its answer never came back."""
 
 
-def _throttled(operation: str) -> Exception:
+def throttled(operation: str) -> Exception:
     """ECS's answer to a call over its rate, as botocore raises it."""
     from botocore.exceptions import ClientError
 
@@ -143,7 +143,7 @@ class FakeEcs:
         self.networks.append(network_configuration)
         fault = self._fault("start_task")
         if fault == "refuse":
-            raise _throttled("StartTask")
+            raise throttled("StartTask")
         if fault == "place_nothing":
             return StartResult([], [{"arn": a, "reason": "RESOURCE:GPU"} for a in instances])
         placed = {}
@@ -159,7 +159,7 @@ class FakeEcs:
 
     def stop_task(self, task_arn: str, reason: str) -> None:
         if self._fault("stop_task") == "refuse":
-            raise _throttled("StopTask")
+            raise throttled("StopTask")
         self.stop_calls.append(task_arn)
 
     def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None:
@@ -175,7 +175,7 @@ class FakeEcs:
 
     def describe_task(self, task_arn: str) -> dict[str, Any] | None:
         if self._fault("describe_task") == "refuse":
-            raise _throttled("DescribeTasks")
+            raise throttled("DescribeTasks")
         task = self.tasks.get(task_arn)
         if task is None or task_arn in self.missing_tasks:
             return None
@@ -210,7 +210,7 @@ class FakeEcs:
     def drain(self, container_instance_arn: str) -> str:
         fault = self._fault("drain")
         if fault == "refuse":
-            raise _throttled("UpdateContainerInstancesState")
+            raise throttled("UpdateContainerInstancesState")
         self.drained.append(container_instance_arn)
         if fault == "lose":
             raise LostResponse("UpdateContainerInstancesState: response lost")
@@ -221,7 +221,7 @@ class FakeEcs:
         ``attribute_values``), one record per attribute in ``attribute_calls``."""
         fault = self._fault("put_attributes")
         if fault == "refuse":
-            raise _throttled("PutAttributes")
+            raise throttled("PutAttributes")
         if fault == "no_room":  # the node carries 10 custom attributes of its users' (as EcsAdapter says)
             from gpu_recovery.adapters.ecs import AttributeLimitExceeded
 
@@ -248,11 +248,11 @@ class FakeEcs:
         calls in ``hold_calls`` (``attribute_calls`` keeps the cordons' own, one node a call);
         ``failures["put_attributes_many"]`` breaks them ("refuse": a throttle)."""
         if self._fault("put_attributes_many") == "refuse":
-            raise _throttled("PutAttributes")
+            raise throttled("PutAttributes")
         for target, name, value in entries:
             if self.hold_puts_left is not None:
                 if self.hold_puts_left <= 0:  # a later call of the adapter's 10-node calls throttled
-                    raise _throttled("PutAttributes")
+                    raise throttled("PutAttributes")
                 self.hold_puts_left -= 1
             node = target.rsplit("/", 1)[-1]
             self.hold_calls.append(("put", node, name))

@@ -16,7 +16,7 @@ from gpu_recovery.domain import aws_notices as n
 from gpu_recovery.domain.placement import NOTICE, UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Update
 from local_mode.sim.aws_notices import notice_event
-from tests.recovery.fakes import REGION, World, world
+from tests.recovery.fakes import REGION, World, throttled, world
 from tests.recovery.remediation_steps import sweeps
 
 NODE, PEER, IDLE = "node-b", "node-a", "node-c"
@@ -294,8 +294,7 @@ def test_a_sweep_whose_read_failed_before_the_deadline_asks_the_job_at_once() ->
         def failing(inst_id: str, *args: Any, **kwargs: Any) -> Any:
             reads.append(len(reads) + 1)
             if len(reads) in (2, 3, 4):  # the delivery's two tries after the record; the sweep's first
-                raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                                   "ResponseMetadata": {"HTTPStatusCode": 400}}, "Query")
+                raise throttled("Query")
             return real(inst_id, *args, **kwargs)
 
         w.repo.jobs.live_ranks_on_instance = failing  # type: ignore[method-assign]
@@ -318,8 +317,7 @@ def _throttle_first_stop(w: World) -> list[str]:
     def throttled_once(task_arn: str, reason: str) -> None:
         if not failed:
             failed.append(task_arn)
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "StopTask")
+            raise throttled("StopTask")
         stop_task(task_arn, reason)
 
     w.ecs.stop_task = throttled_once  # type: ignore[method-assign]
