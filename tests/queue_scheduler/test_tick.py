@@ -333,6 +333,40 @@ def test_job_in_backoff_is_skipped(qc):
     assert qc.state(waiting) is JobState.QUEUED
 
 
+def _waiting(qc, fields: dict) -> str:
+    """A 4x8 job queued ahead, not admitted now for ``fields`` (a back-off, an aborted launch's
+    stop under way)."""
+    job = qc.submit(nnodes=4, gpus=8, priority=50)
+    names = {f"#f{i}": name for i, name in enumerate(fields)}
+    qc.table().update_item(Key={C.JOB_PK: C.job_item_key(job)},
+                           UpdateExpression="SET " + ", ".join(f"#f{i} = :v{i}" for i in range(len(fields))),
+                           ExpressionAttributeNames=names,
+                           ExpressionAttributeValues={f":v{i}": v for i, v in enumerate(fields.values())})
+    return job
+
+
+@pytest.mark.parametrize("failures, held", [(1, True), (2, False)])
+def test_a_job_in_its_first_back_off_keeps_the_nodes_it_needs(qc, failures, held):
+    """Given a 4x8 job backing off after ``failures`` failed launches in a row, on four free nodes
+    When a 1x8 job behind it is offered
+    Then after the first failure the four nodes stay reserved for it (the job behind waits);
+    after the second they are not (a job whose launches keep failing does not stall the queue)."""
+    _waiting(qc, {"not_before": int(qc.sim.now() + 60), "resource_failures": failures})
+    other = qc.submit(nnodes=1, gpus=8)
+    assert qc.scheduler().tick().admitted == ([] if held else [other])
+
+
+def test_a_job_whose_aborted_launch_is_being_stopped_keeps_the_nodes_it_needs(qc):
+    """Given a 4x8 job past its back-off whose aborted launch's ranks are still being stopped
+    When a 1x8 job behind it is offered
+    Then it waits: the nodes stay reserved for the job ahead, which is not admitted either."""
+    waiting = _waiting(qc, {"resource_failures": 1, "stop_fanout": {
+        "aborted_launch": True, "attempt": 0, "rounds": 0, "kind": "aborted_launch"}})
+    qc.submit(nnodes=1, gpus=8)
+    assert qc.scheduler().tick().admitted == []
+    assert qc.state(waiting) is JobState.QUEUED
+
+
 def test_handler_runs_a_tick_and_emits_metrics(qc, monkeypatch):
     """Given the Lambda handler and a queued job
     When it is invoked like the schedule would

@@ -189,3 +189,22 @@ def test_planner_charges_the_quota_of_each_admission_in_the_tick():
     assert plan.offer(QueuedJob("a", "alice", LOW, 2, 8)).kind is StepKind.ADMIT
     assert plan.offer(QueuedJob("b", "alice", LOW, 1, 8)).kind is StepKind.QUOTA
     assert plan.offer(QueuedJob("c", "bob", LOW, 1, 8)).kind is StepKind.ADMIT
+
+
+def test_a_job_held_through_its_back_off_reserves_its_nodes_without_taking_or_preempting():
+    """Given three free 8-GPU nodes and a 2x8 job backing off (held), then two 1x8 jobs
+    When the planner holds the first and offers the others
+    Then the held job's two nodes are reserved (none of their GPUs taken, no quota charged, no
+    victim chosen): one 1x8 job starts on the third node, the other is blocked; a held job over
+    its quota reserves nothing."""
+    nodes = {n: Node(n, 8, 8) for n in ("n1", "n2", "n3")}
+    book = QuotaBook({NORMAL: 2})
+    planner = TickPlanner(nodes, book, lambda priority: [], preemption=True)
+    held = planner.hold(QueuedJob("held", "alice", NORMAL, 2, 8))
+    assert sorted(held) == ["n1", "n2"] and planner.admitter.free == {"n1": 8, "n2": 8, "n3": 8}
+    assert book.refusal("alice", NORMAL, 2) == ""  # nothing charged
+    assert planner.offer(QueuedJob("next", "bob", NORMAL, 1, 8)).nodes == ("n3",)
+    assert planner.offer(QueuedJob("last", "bob", NORMAL, 1, 8)).kind is StepKind.BLOCKED
+    over = TickPlanner(nodes, QuotaBook({NORMAL: 1}))
+    assert over.hold(QueuedJob("held", "alice", NORMAL, 2, 8)) == ()
+    assert over.offer(QueuedJob("next", "bob", NORMAL, 1, 8)).kind is StepKind.ADMIT

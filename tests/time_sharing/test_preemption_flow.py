@@ -16,6 +16,7 @@ from gpu_recovery.domain.control_token import make_token
 from gpu_recovery.domain.time_sharing import Priority
 from gpu_recovery.repository.time_sharing import QuotaRepository
 from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
+from tests.queue_scheduler._cluster_moves import steal_gpus
 
 LOW, ABOVE, HIGH = int(Priority.LOW), int(Priority.ABOVE_NORMAL), int(Priority.HIGH)
 SECRET = "11" * 32
@@ -277,3 +278,64 @@ def test_a_launch_a_dead_tick_left_keeps_its_nodes_until_it_is_resumed(tc):
     tc.recovery.sweep()
     assert tc.scheduler().tick().admitted == []
     assert len(tc.live_tasks(first)) == 4 and used(tc, "bob", HIGH) == 4
+
+
+def _launch_not_placed(tc: QueueCluster) -> None:
+    """The next tick's launch is not placed: another tenant takes every free GPU between the
+    tick's snapshot and its StartTask (requeued), then leaves."""
+    scheduler, thieves = tc.scheduler(), []
+    real_snapshot = scheduler.snapshot
+
+    def racing_snapshot() -> Any:
+        nodes = real_snapshot()
+        thieves.extend(steal_gpus(tc, node) for node in nodes if tc.sim.node(node).free_gpu_ids)
+        return nodes
+
+    scheduler.snapshot = racing_snapshot  # type: ignore[method-assign]
+    [launch] = scheduler.tick().launches
+    assert launch["action"] == "requeued"
+    for thief in thieves:
+        aws.client("ecs").stop_task(cluster=tc.local.cluster_name, task=thief)
+    tc.sim.run_for(20)
+
+
+def _preempted_then_launch_fails(tc: QueueCluster, failures: int) -> tuple[str, str]:
+    """alice's LOW 4-node job preempted for bob's HIGH 2-node job (suspended, back in the queue);
+    bob's launch then fails ``failures`` times in a row (another tenant takes the nodes' GPUs
+    between the tick's snapshot and its StartTask: not placed, requeued with the back-off of a
+    placement failure; the tenant then leaves). The two jobs."""
+    low = start_low(tc, run=3600)
+    high = submit_high(tc)
+    assert tc.scheduler().tick().preempted == [low]
+    runtime.job_control_service().go_suspend(low, 0, 1)
+    tc.sim.run_for(30)
+    assert tc.state(low) is JobState.SUSPENDED
+    for failure in range(1, failures + 1):
+        if failure > 1:
+            tc.sim.run_for(float(tc.item(high)["not_before"]) - tc.sim.now() + 1)
+        _launch_not_placed(tc)
+        assert tc.item(high)["resource_failures"] == failure
+    return low, high
+
+
+def test_the_nodes_a_preemptor_freed_wait_for_it_through_its_first_launch_back_off(tc):
+    """Given alice's LOW job suspended for bob's HIGH job, whose launch then failed once (a rank not
+    placed: back in the queue for a minute's back-off)
+    When the scheduler ticks during the back-off
+    Then alice's job is not resumed on the nodes bob's job needs (it would be preempted again a
+    minute later: a second checkpoint and suspension): bob's job keeps them reserved, starting
+    nothing and preempting nothing; after the back-off bob's job starts."""
+    low, high = _preempted_then_launch_fails(tc, failures=1)
+    tick = tc.scheduler().tick()
+    assert tick.admitted == [] and tick.preempted == [] and tc.state(low) is JobState.SUSPENDED
+    tc.sim.run_for(float(tc.item(high)["not_before"]) - tc.sim.now() + 1)
+    assert tc.scheduler().tick().admitted == [high]
+    assert tc.item(low)["suspend_count"] == 1
+
+
+def test_a_preemptor_whose_launches_keep_failing_reserves_nothing_while_it_backs_off(tc):
+    """Given the same, bob's launch failed twice in a row
+    When the scheduler ticks during the (two-minute) back-off
+    Then alice's job resumes: a job whose launches keep failing does not stall the queue."""
+    low, _high = _preempted_then_launch_fails(tc, failures=2)
+    assert tc.scheduler().tick().admitted == [low]

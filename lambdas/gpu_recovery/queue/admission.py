@@ -42,6 +42,12 @@ Consequences, by design:
 * a blocked job whose size exceeds what the cluster can ever offer (fewer than
   ``nnodes`` eligible nodes with enough *registered* GPUs) reserves nothing: it waits
   without stalling the queue behind it;
+* a job backing off after its first failed launch in a row, or whose aborted launch's
+  ranks are still being stopped (:func:`holds_in_backoff`), reserves the nodes it would
+  take (or wait for) the same way, neither starting nor preempting: the nodes it freed by
+  preemption do not go back to its victim for the minute, to be preempted again. A job
+  whose launches keep failing reserves nothing while it backs off (it does not stall the
+  queue behind it);
 * without run-time estimates no scheduler can promise "zero delay"; the reservation
   is recomputed every tick from the fresh snapshot, and because it prefers the
   nodes with the most free GPUs, a node that frees up is reserved at once.
@@ -180,6 +186,15 @@ class Admitter:
         self.decisions.append(decision)
         return decision
 
+    def hold(self, job: Candidate) -> tuple[str, ...]:
+        """A job that may not start now keeps its place (:func:`holds_in_backoff`): the nodes it
+        would take, or wait for, are reserved; none of their GPUs is taken."""
+        free = dict(self.free)
+        decision = self._decide(job)
+        self.free = free
+        self.reserved.update(decision.nodes)
+        return decision.nodes
+
     def _decide(self, job: Candidate) -> Decision:
         need, count = max(0, job.gpus_per_node), max(1, job.nnodes)
         pool = self._pool(job.relocated, job.borrows_spares)
@@ -250,6 +265,12 @@ def queued_relocated(item: Mapping[str, Any]) -> bool:
     """The job item is queued ahead of its priority: relocated off faulty nodes
     (``constants.relocated_queue_order``)."""
     return f"#{RELOCATED_QUEUE_MARK}" in str(item.get(QUEUE_SK) or "")
+
+
+def holds_in_backoff(item: Mapping[str, Any]) -> bool:
+    """A queued job in a back-off keeps its nodes reserved through its first back-off in a row
+    only (``resource_failures``: its consecutive failed launches)."""
+    return int(item.get("resource_failures") or 0) <= 1
 
 
 def backoff_seconds(consecutive_resource_failures: int, base: int = 60, cap: int = 600) -> int:

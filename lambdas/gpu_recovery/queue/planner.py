@@ -100,6 +100,14 @@ class TickPlanner:
             return blocked
         return self._preempt(job, blocked, reserved_before)
 
+    def hold(self, job: QueuedJob) -> tuple[str, ...]:
+        """A job backing off keeps its place: reserves what it would take, within its quota,
+        preempting nothing (``queue.admission.holds_in_backoff``)."""
+        if self.quotas.refusal(job.user, job.priority, job.nnodes):
+            return ()
+        return self.admitter.hold(Candidate(job.job_id, job.nnodes, job.gpus_per_node, job.priority,
+                                            job.relocated, job.borrows_spares))
+
     def _preempt(self, job: QueuedJob, blocked: Step, reserved_before: set[str]) -> Step:
         assert self._running is not None
         free = self.admitter.free

@@ -20,8 +20,9 @@ One tick (every minute, and right after submit / cancel / job end):
    (quota, gang admission, preemption: a blocked job's victims are asked to suspend).
    The node snapshot (ListContainerInstances ACTIVE + DescribeContainerInstances by
    100 + instance-table BatchGet + nodes held for gang restarts and launches in progress) is
-   taken only when
-   the first page holds a job that is not backing off.
+   taken only when a job that may start is read; a job in its first back-off after a failed
+   launch (or whose aborted launch's ranks are being stopped) reserves the nodes it would
+   take (``queue.admission.holds_in_backoff``).
    Hot spares (``spare_nodes``: that many healthy, wholly free nodes) are offered only
    to jobs relocated off a bad node (``queue_order`` with the relocated mark), and, with
    ``lend_spares``, lent to LOW-priority jobs that fit nowhere else (one job per spare;
@@ -50,7 +51,7 @@ from gpu_recovery.domain.placement import SPARE, lend, lent_of, may_borrow_spare
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import QuotaBook
-from gpu_recovery.queue.admission import Node, node_ineligibility, queued_relocated
+from gpu_recovery.queue.admission import Node, holds_in_backoff, node_ineligibility, queued_relocated
 from gpu_recovery.queue.launcher import (
     HostAddressPort,
     Launcher,
@@ -238,38 +239,43 @@ class QueueScheduler:
         planner: TickPlanner | None = None
         infos: dict[str, NodeInfo] = {}
         unplaced = 0
+        holding: list[QueuedJob] = []  # waiting, ahead in the queue: reserved once nodes are read
         for item in self._queue_head():
             result.queue_items_read += 1
             if self.sharing is not None and item.get("quota_charge"):
                 self.sharing.release_if_waiting(item)  # its last run's charge, before it is charged again
-            if float(item.get("not_before") or 0) > now:
+            queued = _queued(item, self.config.lend_spares)
+            # Backing off, or its aborted launch's ranks still being stopped: not admitted yet; in
+            # its first back-off it keeps the nodes it would take. An older release's launch of
+            # it not drained yet (``queue.ledger_drain``): not admitted, holding nothing.
+            own_launch_ends = float(item.get("not_before") or 0) > now or aborted_launch_stopping(item)
+            if queued is None or own_launch_ends or item.get("job_id") in self.lease.ledger:
                 unplaced += 1
+                if queued is not None and own_launch_ends and holds_in_backoff(item) and planner:
+                    planner.hold(queued)
+                elif queued is not None and own_launch_ends and holds_in_backoff(item):
+                    holding.append(queued)
             else:
                 if planner is None:
                     infos = self.snapshot()
                     result.nodes_seen = len(infos)
                     planner = self._planner(infos)
-                queued = _queued(item, self.config.lend_spares)
-                undrained = item.get("job_id") in self.lease.ledger
-                if queued is None or aborted_launch_stopping(item) or undrained:
-                    # Its aborted launch's ranks still being stopped (or an older release's launch
-                    # of it not drained yet, ``queue.ledger_drain``): admitted once they are.
+                    for held in holding:
+                        planner.hold(held)
+                step = planner.offer(queued)
+                if step.kind is StepKind.ADMIT and not self._lend(step, queued, infos):
                     unplaced += 1
+                    result.blocked.append(step.job_id)
+                elif step.kind is StepKind.ADMIT and self._disagree(step, infos, result):
+                    unplaced += 1  # a node whose last stop is not handled yet: next tick
+                elif step.kind is StepKind.ADMIT:
+                    charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
+                    outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
+                                                   charge=charge)
+                    self._record(result, outcome)
                 else:
-                    step = planner.offer(queued)
-                    if step.kind is StepKind.ADMIT and not self._lend(step, queued, infos):
-                        unplaced += 1
-                        result.blocked.append(step.job_id)
-                    elif step.kind is StepKind.ADMIT and self._disagree(step, infos, result):
-                        unplaced += 1  # a node whose last stop is not handled yet: next tick
-                    elif step.kind is StepKind.ADMIT:
-                        charge = self.sharing.charge_for(planner.quotas, item) if self.sharing else None
-                        outcome = self.launcher.launch(item, [infos[i].placed for i in step.nodes],
-                                                       charge=charge)
-                        self._record(result, outcome)
-                    else:
-                        unplaced += 1
-                        self._not_placed(result, step, item)
+                    unplaced += 1
+                    self._not_placed(result, step, item)
             stop = self._should_stop(result, planner, unplaced, time_left)
             if stop:
                 result.stop_reason = stop
