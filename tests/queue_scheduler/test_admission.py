@@ -16,6 +16,7 @@ from gpu_recovery.queue.admission import (
     admit,
     backoff_seconds,
     classify_failure,
+    holds_in_backoff,
     node_ineligibility,
 )
 
@@ -232,3 +233,11 @@ def test_a_low_borrower_takes_a_lendable_spare_wholly_and_only_when_nothing_else
     assert admitter.offer(Candidate("low4", 1, 4, borrows_spares=True)).verdict is not Verdict.ADMITTED
     unmarked = Admitter({"s": Node("s", 8, 8, spare=True)})  # a spare no scheduler sees marked
     assert unmarked.offer(Candidate("low", 1, 8, borrows_spares=True)).verdict is not Verdict.ADMITTED
+
+
+def test_only_a_jobs_first_back_off_in_a_row_holds_its_nodes():
+    """A queued job keeps its nodes through its first back-off after a failed launch, not its later
+    ones; an unreadable failure count holds nothing."""
+    assert holds_in_backoff({}) and holds_in_backoff({"resource_failures": 1})
+    assert not holds_in_backoff({"resource_failures": 2})
+    assert not holds_in_backoff({"resource_failures": "many"})

@@ -269,8 +269,11 @@ def queued_relocated(item: Mapping[str, Any]) -> bool:
 
 def holds_in_backoff(item: Mapping[str, Any]) -> bool:
     """A queued job in a back-off keeps its nodes reserved through its first back-off in a row
-    only (``resource_failures``: its consecutive failed launches)."""
-    return int(item.get("resource_failures") or 0) <= 1
+    only (``resource_failures``: its consecutive failed launches; unreadable: holds nothing)."""
+    try:
+        return int(item.get("resource_failures") or 0) <= 1
+    except (TypeError, ValueError):
+        return False
 
 
 def backoff_seconds(consecutive_resource_failures: int, base: int = 60, cap: int = 600) -> int:
