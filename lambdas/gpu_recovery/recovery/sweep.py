@@ -127,6 +127,9 @@ class Sweep:
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
     launches: QueueLaunches | None = None  # the queue launches' start intents
+    # Of lost ranks, those whose task ECS describes STOPPED handled as their lost STOPPED
+    # events; returns the others (``RecoveryService.live_after_lost_stops``).
+    live_after_lost_stops: Callable[[list[Rank]], list[Rank]] | None = None
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -422,6 +425,16 @@ class Sweep:
         if rank is None or rank.attempt != job.attempt:
             self.data.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "heartbeat_waiting"
+        if self.live_after_lost_stops is not None and rank.task_arn:
+            # Its task may have ended, its STOPPED event's deliveries spent (the rank then no
+            # longer read live by the heartbeat sweep, whose own look at ECS never came):
+            # ECS's record settles it, handled as that event, before the job is handed over.
+            # Handed over only if that left the job where it was.
+            self.data.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)  # due again first
+            self.live_after_lost_stops([rank])
+            fresh = self.data.jobs.get_job(job.job_id)
+            if fresh is None or (fresh.state, fresh.attempt) != (job.state, job.attempt):
+                return "heartbeat_backstop_ended"
         reason = (f"rank {rank.rank} {job.state.value} on {rank.container_inst_id} past the time the "
                   "heartbeat sweep hands it to the recovery loop")
         outcome = self.faults.report_suspected_fault(job.job_id, job.attempt, rank.container_inst_id, reason,
