@@ -251,10 +251,11 @@ class QueueScheduler:
             own_launch_ends = float(item.get("not_before") or 0) > now or aborted_launch_stopping(item)
             if queued is None or own_launch_ends or item.get("job_id") in self.lease.ledger:
                 unplaced += 1
-                if queued is not None and own_launch_ends and holds_in_backoff(item) and planner:
-                    planner.hold(queued)
-                elif queued is not None and own_launch_ends and holds_in_backoff(item):
-                    holding.append(queued)
+                if queued is not None and own_launch_ends and holds_in_backoff(item):
+                    if planner is None:
+                        holding.append(queued)
+                    else:
+                        planner.hold(queued)
             else:
                 if planner is None:
                     infos = self.snapshot()
