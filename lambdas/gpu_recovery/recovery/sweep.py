@@ -129,7 +129,7 @@ class Sweep:
     launches: QueueLaunches | None = None  # the queue launches' start intents
     # Of lost ranks, those whose task ECS describes STOPPED handled as their lost STOPPED
     # events; returns the others (``RecoveryService.live_after_lost_stops``).
-    live_after_lost_stops: Callable[[list[Rank]], list[Rank]] | None = None
+    live_after_lost_stops: Callable[[list[Rank]], list[Rank]]
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -425,7 +425,7 @@ class Sweep:
         if rank is None or rank.attempt != job.attempt:
             self.data.deadlines.rearm_job(job, now + RETRY_INTERVAL_SECONDS)
             return "heartbeat_waiting"
-        if self.live_after_lost_stops is not None and rank.task_arn:
+        if rank.task_arn:
             # Its task may have ended, its STOPPED event's deliveries spent (the rank then no
             # longer read live by the heartbeat sweep, whose own look at ECS never came):
             # ECS's record settles it, handled as that event, before the job is handed over.
