@@ -360,8 +360,10 @@ def test_a_job_whose_aborted_launch_is_being_stopped_keeps_the_nodes_it_needs(qc
     """Given a 4x8 job past its back-off whose aborted launch's ranks are still being stopped
     When a 1x8 job behind it is offered
     Then it waits: the nodes stay reserved for the job ahead, which is not admitted either."""
-    waiting = _waiting(qc, {"resource_failures": 1, "stop_fanout": {
-        "aborted_launch": True, "attempt": 0, "rounds": 0, "kind": "aborted_launch"}})
+    # The stop intent as the launch's abort writes it (``SchedulingRepository._stop_fields``).
+    stop = qc.repo.jobs.stop_fanout_fields(0, "launch aborted", int(qc.sim.now()))
+    stop["stop_fanout"].update(aborted_launch=True, remediation=False)
+    waiting = _waiting(qc, {"resource_failures": 1, **stop})
     qc.submit(nnodes=1, gpus=8)
     assert qc.scheduler().tick().admitted == []
     assert qc.state(waiting) is JobState.QUEUED
