@@ -195,16 +195,35 @@ def test_a_job_held_through_its_back_off_reserves_its_nodes_without_taking_or_pr
     """Given three free 8-GPU nodes and a 2x8 job backing off (held), then two 1x8 jobs
     When the planner holds the first and offers the others
     Then the held job's two nodes are reserved (none of their GPUs taken, no quota charged, no
-    victim chosen): one 1x8 job starts on the third node, the other is blocked; a held job over
+    victim sought): one 1x8 job starts on the third node, the other is blocked; a held job over
     its quota reserves nothing."""
     nodes = {n: Node(n, 8, 8) for n in ("n1", "n2", "n3")}
     book = QuotaBook({NORMAL: 2})
-    planner = TickPlanner(nodes, book, lambda priority: [], preemption=True)
+    victims_sought: list[object] = []
+    planner = TickPlanner(nodes, book, lambda priority: victims_sought.append(priority) or [],
+                          preemption=True)
     held = planner.hold(QueuedJob("held", "alice", NORMAL, 2, 8))
     assert sorted(held) == ["n1", "n2"] and planner.admitter.free == {"n1": 8, "n2": 8, "n3": 8}
+    assert victims_sought == []
     assert book.refusal("alice", NORMAL, 2) == ""  # nothing charged
     assert planner.offer(QueuedJob("next", "bob", NORMAL, 1, 8)).nodes == ("n3",)
     assert planner.offer(QueuedJob("last", "bob", NORMAL, 1, 8)).kind is StepKind.BLOCKED
     over = TickPlanner(nodes, QuotaBook({NORMAL: 1}))
     assert over.hold(QueuedJob("held", "alice", NORMAL, 2, 8)) == ()
     assert over.offer(QueuedJob("next", "bob", NORMAL, 1, 8)).kind is StepKind.ADMIT
+
+
+def test_a_held_job_looks_for_no_victim_where_a_lower_gang_holds_its_nodes():
+    """Given two busy nodes held by a LOW gang and a HIGH 2x8 job backing off (held)
+    When the planner holds it
+    Then the two nodes are reserved for it and no victim is sought (it starts nothing)."""
+    victims_sought: list[int] = []
+
+    def running_below(priority: int) -> list[RunningGang]:
+        victims_sought.append(priority)
+        return [gang("low", "carol", LOW, 0.0, "n1", "n2")]
+
+    busy = TickPlanner({n: Node(n, 0, 8) for n in ("n1", "n2")}, QuotaBook(), running_below,
+                       preemption=True)
+    assert sorted(busy.hold(QueuedJob("held", "alice", HIGH, 2, 8))) == ["n1", "n2"]
+    assert victims_sought == []
