@@ -404,3 +404,30 @@ def test_a_notice_cordon_outlives_the_node_s_return_from_a_reboot() -> None:
                                                    {"#k": C.INSTANCE_PK})
         after = w.repo.instances.get_instance(NODE)
         assert after.state is C.InstanceState.AVAILABLE and after.cordoned and after.cordon["notice"]
+
+
+@pytest.mark.parametrize("kind, lead", [("spot_interruption", None), ("scheduled_maintenance", 600)])
+def test_a_settled_notice_due_again_keeps_the_node_cordoned(kind: str, lead: int | None) -> None:
+    """Given a notice past its deadline, settled by the sweep, then due again (a late redelivery
+    of its event re-arms it while a rank of the job still reads live on the node)
+    When the sweep visits the node
+    Then its notice and cordon stay: for good where the capacity is gone (Spot), until the window's
+    end where the node comes back (scheduled maintenance), and not a moment before."""
+    with world() as w:
+        w.register_queue_job("train", [PEER, NODE])
+        options = {} if lead is None else {"lead_seconds": lead}
+        notify(w, kind, **options)
+        notice = w.repo.instances.get_instance(NODE).notice
+        w.advance(float(notice["deadline"]) - w.now[0] + 1)
+        w.service.sweep()
+        settled = w.repo.instances.get_instance_item(NODE)
+        assert settled["notice"].get("ended_at")
+        w.repo.aws_notices.rearm_notice(NODE, notice["key"], w.now[0])  # as the redelivery does
+        w.advance(61)
+        w.service.sweep()
+        after = w.repo.instances.get_instance(NODE)
+        assert after.cordoned and after.cordon["notice"] and after.notice["key"] == notice["key"]
+        if lead is not None:
+            w.advance(float(notice["window_end"]) - w.now[0] + 1)
+            w.service.sweep()
+            assert not w.repo.instances.get_instance(NODE).cordoned

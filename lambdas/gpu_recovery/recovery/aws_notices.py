@@ -422,14 +422,22 @@ class AwsNotices:
                 # again (the first try may have asked a job; every step is idempotent).
                 logger.warning("a call failed: tried again at once", extra={"error": str(error)})
             return self._before_deadline(repo.instances.get_instance(inst_id), now)
+        window_end = _float(record.get("window_end"))
+        comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
+        if record.get("ended_at") and (not comes_back or now < (window_end or 0)):
+            # Settled, and due again early (a late redelivery of its event re-armed it): a node
+            # whose capacity is gone keeps its notice and cordon for good, one in a maintenance
+            # window until the window's end.
+            if not comes_back:
+                return "notice_capacity_gone" if self.records.settle_notice(inst_id, key) else "raced"
+            return "notice_window" if self.records.rearm_notice(inst_id, key, float(window_end or now)) \
+                else "raced"
         if not record.get("ended_at"):
             left = sorted({r.job_id for r in repo.jobs.live_ranks_on_instance(inst_id)})
             if left:
                 self.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
                 logger.error("jobs still on a node at its AWS deadline",
                              extra={"instance": inst_id, "jobs": left})
-            window_end = _float(record.get("window_end"))
-            comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
             if comes_back and now < (window_end or 0):
                 if self.records.settle_notice(inst_id, key, {"notice.ended_at": now, "notice.left": left}):
                     self.records.rearm_notice(inst_id, key, float(window_end or now))
