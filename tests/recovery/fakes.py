@@ -189,6 +189,8 @@ class FakeEcs:
                 "containers": [{"name": "dcgm", "exitCode": task.exit_code}], "tags": []}
 
     def tasks_started_by(self, started_by: str) -> list[str]:
+        if self._fault("tasks_started_by") == "refuse":
+            raise throttled("ListTasks")
         return [t.arn for t in self.tasks.values() if t.started_by == started_by]
 
     def stopped_task_started_by(self, container_instance: str, started_by: str) -> dict[str, Any] | None:

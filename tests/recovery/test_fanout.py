@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs_budget import RateLimited
@@ -280,8 +281,6 @@ def test_a_start_call_that_fails_still_lets_the_batch_s_other_calls_start_first(
     try never holds the others back (8 % sweep preflight_forged_baseline s39: rank 0's look-up
     failed at every resend and rank 1 was never started, three launches in a row); the sweep's
     resend then starts ranks 0-9 only."""
-    from botocore.exceptions import ClientError
-
     with world(gang_queue=True, max_app_restarts=1) as w:
         _restart_pending(w)
         w.ecs.start_calls.clear()
@@ -508,3 +507,32 @@ def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
             _verdict(w, node, 0)
         assert w.repo.slots.running() == 0
         assert w.repo.jobs.get_job("j").state in (JobState.STARTING, JobState.RUNNING)
+
+
+def test_a_take_over_whose_look_up_failed_gives_its_leases_back_to_the_redelivery() -> None:
+    """Given a restart batch whose first StartTask's answer was lost (ranks 0-9 started, their
+    leases kept), then the sweep's resend once those leases ran out, whose look-up of the tasks
+    by startedBy (ListTasks) is throttled
+    When SQS delivers that batch again at once
+    Then it takes the leases (given back: the failed try started nothing), finds the ten tasks
+    and registers them: the job RUNNING, no StartTask more. A failed look-up held its leases
+    until they ran out, so each failure cost the rank's start two more minutes (8 % sweeps:
+    fast_path s123, preflight_forged_loopback s147, a rank started 16 minutes late)."""
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        _restart_pending(w)
+        w.ecs.start_calls.clear()
+        w.ecs.failures["start_task"] = ["lose"]
+        with pytest.raises(Exception):
+            w.drain_queue()
+        w.advance(gang_restart.RESEND_AFTER_SECONDS)
+        w.service.sweep()
+        batch = [body for body, _ in w.queue.messages]
+        w.ecs.failures["tasks_started_by"] = ["refuse"]
+        with pytest.raises(ClientError):
+            w.drain_queue()
+        assert w.repo.jobs.get_job("big").state is JobState.STARTING
+        w.advance(1)
+        for body in batch:
+            w.service.on_gang_batch(body, receive_count=2)
+        assert w.repo.jobs.get_job("big").state is JobState.RUNNING
+        assert w.ecs.start_calls == [10, 10, 10, 10]

@@ -135,3 +135,23 @@ def test_start_ranks_tries_the_nodes_left_again_on_their_network_and_says_why_th
     assert sorted(kept) == sorted(NODES) and ecs.start_calls == [1, 1, 3]
     assert networks[-1] == sorted(NODES)
     assert ecs.networks[-1] == {"awsvpcConfiguration": {"subnets": sorted(NODES)}}
+
+
+def test_a_failed_look_up_is_told_as_not_started_and_a_failed_start_task_is_not() -> None:
+    """A look-up that fails (ListTasks throttled) started nothing: ``not_started`` is told before
+    the call raises on, with no StartTask made; a StartTask whose answer was lost may have started
+    its task: not told."""
+    from botocore.exceptions import ClientError
+
+    told: list[str] = []
+    ecs = FakeEcs()
+    ecs.failures["tasks_started_by"] = ["refuse"]
+    with pytest.raises(ClientError):
+        start_once(ecs, REQUEST, NODES, lambda node, task: None, look_up=list(NODES),
+                   not_started=lambda: told.append("look-up"))
+    assert told == ["look-up"] and ecs.start_calls == []
+    ecs.failures["start_task"] = ["lose"]
+    with pytest.raises(Exception, match="response lost"):
+        start_once(ecs, REQUEST, NODES, lambda node, task: None, look_up=list(NODES),
+                   not_started=lambda: told.append("start"))
+    assert told == ["look-up"] and ecs.start_calls == [3]

@@ -568,7 +568,8 @@ class GangOps:
             register(node, task_arn, min(started_at, now) if started_at is not None else None)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
-        # the call: those of the ranks registered already have a task of it too).
+        # the call: those of the ranks registered already have a task of it too). A look-up that
+        # fails gives the leases back: nothing started, the next try need not wait them out.
         taken_over = any(t.launch_attempt == attempt for t in claimed)
         # A restart's placement race is tried again at once; a queue launch not placed is requeued.
         tries = 1 if launch else self.settings.restart_start_retries
@@ -576,11 +577,11 @@ class GangOps:
             unplaced = start_once(
                 self.ecs, request, {node: t.container_instance_arn for node, t in on_node.items()}, register,
                 look_up=call.nodes if taken_over else (), tries=tries, found=found,
+                not_started=lambda: [self.fanouts.release_rank_launch(t, attempt, now) for t in claimed],
                 network=lambda nodes: restart_network(job.network, [on_node[node].subnet for node in nodes]))
         except ClientError as error:
             if not launch or error.operation_name != "StartTask" or not refused(error):
-                # A look-up or a registration failed, or StartTask failed server-side (5xx): the
-                # lease stays, its task may run.
+                # A registration or a StartTask failed (5xx, an answer lost): the lease stays.
                 raise
             # A queue launch's StartTask refused (its task definition or overrides: the launch
             # fails; throttled: the sweep sends it again): the launch's end decides.

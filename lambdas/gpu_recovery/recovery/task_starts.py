@@ -106,7 +106,8 @@ def reasons_on(failures: Sequence[Mapping[str, Any]], node: str, nodes: int) -> 
 def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
                keep: Callable[[str, str], object], *, look_up: Collection[str] = (), tries: int = 1,
                network: Callable[[Collection[str]], dict[str, Any] | None] | None = None,
-               found: Callable[[str, str, float | None], object] | None = None) -> dict[str, list[str]]:
+               found: Callable[[str, str, float | None], object] | None = None,
+               not_started: Callable[[], object] | None = None) -> dict[str, list[str]]:
     """Start ``request`` exactly once on each of ``nodes`` (node id -> container instance ARN;
     up to 10, one task each). ``look_up``: a start that may have been made already (a resumed
     launch, a restart's lease taken over) names every node it was made on, and the tasks of its
@@ -115,11 +116,17 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
     the nodes still without one are started again, ``tries`` StartTasks at the most
     (``network``: the request's network for the nodes left). ``found``, if given, is told a task
     the look-up found instead of ``keep`` (one started before this call), with when it started
-    when ECS described it. Returns the nodes left
+    when ECS described it. ``not_started``, if given, is told that the look-up failed (the call
+    raises on), before any StartTask: nothing of this call runs. Returns the nodes left
     without a task, each with ECS's reasons (none: ECS gave no failure for it); the caller says
     what that leads to, and logs it."""
     started_at: dict[str, float] = {}
-    earlier = started_already(ecs, request.started_by, look_up, started_at=started_at) if look_up else {}
+    try:
+        earlier = started_already(ecs, request.started_by, look_up, started_at=started_at) if look_up else {}
+    except Exception:
+        if not_started is not None:
+            not_started()
+        raise
     rest = dict(nodes)
     for node in [node for node in rest if node in earlier]:
         if found is not None:

@@ -161,12 +161,14 @@ class GangFanoutRepository:
                 leases.append(LaunchLease(job_id, rank, until, str(item.get("launch_started_by") or "")))
         return dict(sorted(live.items())), sorted(leases, key=lambda lease: lease.rank)
 
-    def release_rank_launch(self, rank: RankKey, attempt: int) -> bool:
+    def release_rank_launch(self, rank: RankKey, attempt: int, until: float = 0) -> bool:
         """A rank of ``attempt`` that could not be placed: its launch lease ends now, so the
-        next try (the sweep's, or a node freeing) may start it (looking it up first)."""
+        next try (the sweep's, or a node freeing) may start it (looking it up first). ``until``:
+        when it ended for an aborted launch's stop, which looks a lease up a little after its end
+        (a lease taken over and given back: its claim's time, after its dead holder's lease)."""
         return self.db.apply(Update(
             table=self.job_table_name, key={JOB_PK: rank_item_key(rank.job_id, rank.rank)},
-            set_fields={"launch_lease_until": 0},
+            set_fields={"launch_lease_until": until},
             condition="(attribute_not_exists(#a) OR #a < :a) AND #la = :a",
             condition_values={":a": attempt},
             condition_names={"#a": "attempt", "#la": "launch_attempt"}))
