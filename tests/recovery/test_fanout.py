@@ -24,7 +24,7 @@ from gpu_recovery.recovery.fanout_send import SEND_CLAIM_SECONDS
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, RECHECK_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
-from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, World, ci_arn, world
+from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, LostResponse, World, ci_arn, world
 
 WORLD = 40  # > INLINE_MAX_RANKS: batches go through the queue
 
@@ -80,6 +80,14 @@ def _restart_pending(w: Any) -> None:
     w.drain_queue()
     _stopped_by_us(w)
     _verdict(w, nodes[-1], 0)
+
+
+def _first_start_fails(w: Any, fault: str) -> None:
+    """The restart pending (``_restart_pending``), its batch's first StartTask to fail with
+    ``fault`` (``FakeEcs.failures``)."""
+    _restart_pending(w)
+    w.ecs.start_calls.clear()
+    w.ecs.failures["start_task"] = [fault]
 
 
 def test_a_restart_starts_identical_ranks_ten_per_call_and_tells_once() -> None:
@@ -282,9 +290,7 @@ def test_a_start_call_that_fails_still_lets_the_batch_s_other_calls_start_first(
     failed at every resend and rank 1 was never started, three launches in a row); the sweep's
     resend then starts ranks 0-9 only."""
     with world(gang_queue=True, max_app_restarts=1) as w:
-        _restart_pending(w)
-        w.ecs.start_calls.clear()
-        w.ecs.failures["start_task"] = ["refuse"]
+        _first_start_fails(w, "refuse")
         with pytest.raises(ClientError):
             w.drain_queue()
         assert w.ecs.start_calls == [10, 10, 10, 10]
@@ -519,10 +525,8 @@ def test_a_take_over_whose_look_up_failed_gives_its_leases_back_to_the_redeliver
     until they ran out, so each failure cost the rank's start two more minutes (8 % sweeps:
     fast_path s123, preflight_forged_loopback s147, a rank started 16 minutes late)."""
     with world(gang_queue=True, max_app_restarts=1) as w:
-        _restart_pending(w)
-        w.ecs.start_calls.clear()
-        w.ecs.failures["start_task"] = ["lose"]
-        with pytest.raises(Exception):
+        _first_start_fails(w, "lose")
+        with pytest.raises(LostResponse):
             w.drain_queue()
         w.advance(gang_restart.RESEND_AFTER_SECONDS)
         w.service.sweep()
