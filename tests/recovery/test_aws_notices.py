@@ -416,13 +416,13 @@ def test_a_settled_notice_due_again_keeps_the_node_cordoned(kind: str, lead: int
     with world() as w:
         w.register_queue_job("train", [PEER, NODE])
         options = {} if lead is None else {"lead_seconds": lead}
-        notify(w, kind, **options)
+        event = notify(w, kind, **options)["event"]
         notice = w.repo.instances.get_instance(NODE).notice
         w.advance(float(notice["deadline"]) - w.now[0] + 1)
         w.service.sweep()
-        settled = w.repo.instances.get_instance_item(NODE)
-        assert settled["notice"].get("ended_at")
-        w.repo.aws_notices.rearm_notice(NODE, notice["key"], w.now[0])  # as the redelivery does
+        assert w.repo.instances.get_instance_item(NODE)["notice"].get("ended_at")
+        w.service.on_aws_notice(event)  # the late redelivery, a rank still live on the node
+        assert "deadline_at" in w.repo.instances.get_instance_item(NODE)
         w.advance(61)
         w.service.sweep()
         after = w.repo.instances.get_instance(NODE)

@@ -424,33 +424,31 @@ class AwsNotices:
             return self._before_deadline(repo.instances.get_instance(inst_id), now)
         window_end = _float(record.get("window_end"))
         comes_back = record.get("kind") in {k.value for k in COMES_BACK} and window_end is not None
-        if record.get("ended_at") and (not comes_back or now < (window_end or 0)):
-            # Settled, and due again early (a late redelivery of its event re-armed it): a node
-            # whose capacity is gone keeps its notice and cordon for good, one in a maintenance
-            # window until the window's end.
-            if not comes_back:
-                return "notice_capacity_gone" if self.records.settle_notice(inst_id, key) else "raced"
-            return "notice_window" if self.records.rearm_notice(inst_id, key, float(window_end or now)) \
-                else "raced"
-        if not record.get("ended_at"):
-            left = sorted({r.job_id for r in repo.jobs.live_ranks_on_instance(inst_id)})
-            if left:
-                self.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
-                logger.error("jobs still on a node at its AWS deadline",
-                             extra={"instance": inst_id, "jobs": left})
-            if comes_back and now < (window_end or 0):
-                if self.records.settle_notice(inst_id, key, {"notice.ended_at": now, "notice.left": left}):
-                    self.records.rearm_notice(inst_id, key, float(window_end or now))
-                return "notice_window"
-            if not comes_back:
-                return "notice_capacity_gone" if self.records.settle_notice(
-                    inst_id, key, {"notice.ended_at": now, "notice.left": left}) else "raced"
+        # Due again after it was settled (a late redelivery of its event re-armed it), the notice is
+        # settled again: its first visit's record of the jobs left stays.
+        ended = None if record.get("ended_at") else {
+            "notice.ended_at": now, "notice.left": self._jobs_left(inst_id)}
+        if not comes_back:  # the capacity is gone: the notice and the cordon stay for good
+            return "notice_capacity_gone" if self.records.settle_notice(inst_id, key, ended) else "raced"
+        if now < (window_end or 0):  # cordoned until the maintenance window's end
+            settled = ended is None or self.records.settle_notice(inst_id, key, ended)
+            return "notice_window" if settled and self.records.rearm_notice(
+                inst_id, key, float(window_end or now)) else "raced"
         uncordon = bool(instance.cordon.get("notice"))
         if self.records.end_notice(inst_id, key, now, uncordon=uncordon):
             if uncordon:
                 after_commit("aws-notice uncordon", self.cordons.sync_quietly, inst_id)
             return "notice_window_over"
         return "raced"
+
+    def _jobs_left(self, inst_id: str) -> list[str]:
+        """The jobs still on the node at its deadline (they crash with it), counted."""
+        left = sorted({r.job_id for r in self.data.jobs.live_ranks_on_instance(inst_id)})
+        if left:
+            self.metrics.add_metric("NoticeJobsCrashed", "Count", len(left))
+            logger.error("jobs still on a node at its AWS deadline",
+                         extra={"instance": inst_id, "jobs": left})
+        return left
 
     def _before_deadline(self, instance: Instance | None, now: float) -> str:
         """The sweep's step of a notice whose deadline has not come: its jobs asked (stopped when
