@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
 from gpu_recovery.recovery.task_starts import TaskRequest, start_on, start_once, started_already
-from tests.recovery.fakes import FakeEcs, ci_arn
+from tests.recovery.fakes import FakeEcs, LostResponse, ci_arn
 
 
 class CountedEcs(FakeEcs):
@@ -141,17 +142,15 @@ def test_a_failed_look_up_is_told_as_not_started_and_a_failed_start_task_is_not(
     """A look-up that fails (ListTasks throttled) started nothing: ``not_started`` is told before
     the call raises on, with no StartTask made; a StartTask whose answer was lost may have started
     its task: not told."""
-    from botocore.exceptions import ClientError
-
     told: list[str] = []
     ecs = FakeEcs()
     ecs.failures["tasks_started_by"] = ["refuse"]
-    with pytest.raises(ClientError):
+    with pytest.raises(ClientError, match="ThrottlingException"):
         start_once(ecs, REQUEST, NODES, lambda node, task: None, look_up=list(NODES),
                    not_started=lambda: told.append("look-up"))
     assert told == ["look-up"] and ecs.start_calls == []
     ecs.failures["start_task"] = ["lose"]
-    with pytest.raises(Exception, match="response lost"):
+    with pytest.raises(LostResponse):
         start_once(ecs, REQUEST, NODES, lambda node, task: None, look_up=list(NODES),
                    not_started=lambda: told.append("start"))
     assert told == ["look-up"] and ecs.start_calls == [3]
