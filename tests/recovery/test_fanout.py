@@ -515,6 +515,25 @@ def test_a_jobs_share_as_large_as_the_clusters_is_not_counted() -> None:
         assert w.repo.jobs.get_job("j").state in (JobState.STARTING, JobState.RUNNING)
 
 
+def test_a_refused_start_task_gives_its_leases_back_to_the_redelivery() -> None:
+    """Given a restart batch whose first StartTask (ranks 0-9) ECS refused (throttled)
+    When SQS delivers the batch again a second later
+    Then it takes those ranks' leases (given back: the refused call started nothing), looks
+    their tasks up and starts them: the job RUNNING. The leases were held until they ran out, two
+    minutes and more a failure (8 % sweeps: fast_path s123 and s173, a job PENDING_RESTART for 16
+    and 22 minutes, its StartTasks never sent: the ECS budget's write failed; the same case)."""
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        _first_start_fails(w, "refuse")
+        batch = [body for body, _ in w.queue.messages]
+        with pytest.raises(ClientError):
+            w.drain_queue()
+        w.advance(1)
+        for body in batch:
+            w.service.on_gang_batch(body, receive_count=2)
+        assert w.repo.jobs.get_job("big").state is JobState.RUNNING
+        assert w.ecs.start_calls == [10, 10, 10, 10, 10]
+
+
 def test_a_take_over_whose_look_up_failed_gives_its_leases_back_to_the_redelivery() -> None:
     """Given a restart batch whose first StartTask's answer was lost (ranks 0-9 started, their
     leases kept), then the sweep's resend once those leases ran out, whose look-up of the tasks

@@ -12,6 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.recovery.task_starts import TaskRequest, start_on, start_once, started_already
 from tests.recovery.fakes import FakeEcs, LostResponse, ci_arn
 
@@ -154,3 +155,22 @@ def test_a_failed_look_up_is_told_as_not_started_and_a_failed_start_task_is_not(
         start_once(ecs, REQUEST, NODES, lambda node, task: None, look_up=list(NODES),
                    not_started=lambda: told.append("start"))
     assert told == ["look-up"] and ecs.start_calls == [3]
+
+
+class _NoTurn(FakeEcs):
+    """The ECS budget's turn not had: the adapter raises before it sends StartTask."""
+
+    def start_task(self, **_: Any) -> StartResult:
+        raise RateLimited(2.0)
+
+
+@pytest.mark.parametrize("refusal", ["throttled by ECS", "never sent"])
+def test_a_start_task_refused_or_never_sent_is_told_as_not_started(refusal: str) -> None:
+    """A StartTask that ECS refused, or that never reached ECS, started nothing: ``not_started``
+    is told before the call raises on (a lost answer is not: the test above)."""
+    told: list[str] = []
+    ecs = _NoTurn() if refusal == "never sent" else FakeEcs()
+    ecs.failures["start_task"] = ["refuse"]
+    with pytest.raises((ClientError, RateLimited)):
+        start_once(ecs, REQUEST, NODES, lambda node, task: None, not_started=lambda: told.append("x"))
+    assert told == ["x"] and not ecs.tasks

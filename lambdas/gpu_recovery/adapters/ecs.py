@@ -11,6 +11,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from gpu_recovery.adapters.ecs_budget import CallBudget, Unlimited
+from gpu_recovery.adapters.errors import NOT_SENT
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,13 @@ class EcsAdapter:
             if self._credits > 0:
                 self._credits -= 1
                 return
-        self.budget.acquire(1)
+        try:
+            self.budget.acquire(1)
+        except Exception as error:
+            # No ECS call was made: a caller that would have to look up what a lost answer did
+            # knows there is nothing to look up (``errors.not_sent``).
+            setattr(error, NOT_SENT, True)
+            raise
 
     def start_task(
         self,

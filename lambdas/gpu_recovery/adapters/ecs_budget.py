@@ -27,6 +27,8 @@ DEFAULT_MAX_WAIT_SECONDS = 5.0
 class RateLimited(Exception):
     """No token within the caller's patience; nothing was called."""
 
+    call_not_sent = True  # ``adapters.errors.not_sent``
+
     def __init__(self, wait_seconds: float) -> None:
         super().__init__(f"ECS control-plane budget exhausted: next token in {wait_seconds:.1f} s")
         self.wait_seconds = wait_seconds

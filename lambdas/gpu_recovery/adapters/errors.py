@@ -16,3 +16,13 @@ def refused(error: BaseException) -> bool:
         return False
     status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
     return 400 <= status < 500
+
+
+#: set on an error that stopped a call before it was sent (``not_sent``)
+NOT_SENT = "call_not_sent"
+
+
+def not_sent(error: BaseException) -> bool:
+    """The call was never sent: its turn in the stack's ECS budget could not be had (the budget
+    said no, or its own read or write failed). Like a refusal, it did nothing."""
+    return bool(getattr(error, NOT_SENT, False))

@@ -568,8 +568,8 @@ class GangOps:
             register(node, task_arn, min(started_at, now) if started_at is not None else None)
 
         # A lease taken over: the task may exist already. Look before starting (on every node of
-        # the call: those of the ranks registered already have a task of it too). A look-up that
-        # fails gives the leases back: nothing started, the next try need not wait them out.
+        # the call: those of the ranks registered already have a task of it too). A call that
+        # started nothing (``start_once``'s not_started) gives the leases back: no wait on them.
         taken_over = any(t.launch_attempt == attempt for t in claimed)
         # A restart's placement race is tried again at once; a queue launch not placed is requeued.
         tries = 1 if launch else self.settings.restart_start_retries

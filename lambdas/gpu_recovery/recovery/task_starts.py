@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpu_recovery.adapters.ecs import EcsActionFailed, StartResult
+from gpu_recovery.adapters.errors import not_sent, refused
 from gpu_recovery.domain.models import container_instance_id, task_time
 
 
@@ -116,8 +117,9 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
     the nodes still without one are started again, ``tries`` StartTasks at the most
     (``network``: the request's network for the nodes left). ``found``, if given, is told a task
     the look-up found instead of ``keep`` (one started before this call), with when it started
-    when ECS described it. ``not_started``, if given, is told that the look-up failed (the call
-    raises on), before any StartTask: nothing of this call runs. Returns the nodes left
+    when ECS described it. ``not_started``, if given, is told when the call raises having started
+    nothing more: its look-up failed, or a StartTask was refused or never sent (its turn in
+    the ECS budget not had); not when a StartTask's answer was lost. Returns the nodes left
     without a task, each with ECS's reasons (none: ECS gave no failure for it); the caller says
     what that leads to, and logs it."""
     started_at: dict[str, float] = {}
@@ -139,7 +141,12 @@ def start_once(ecs: StartsTasks, request: TaskRequest, nodes: Mapping[str, str],
         if not rest:
             break
         call = replace(request, network=network(rest)) if network else request
-        placed, result = start_on(ecs, call, rest)
+        try:
+            placed, result = start_on(ecs, call, rest)
+        except Exception as error:
+            if not_started is not None and (refused(error) or not_sent(error)):
+                not_started()
+            raise
         for node, task in placed.items():
             keep(node, task)
         reasons = {node: reasons_on(result.failures, node, len(rest)) for node in rest if node not in placed}
