@@ -96,6 +96,44 @@ def test_a_verdict_line_never_readable_is_decided_on_the_exit_code_after_the_gra
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
+class FailingReads(LateLine):
+    """Every read of the verdict line fails (GetLogEvents throttled) while ``failing``; then the
+    line is there."""
+
+    def __init__(self) -> None:
+        super().__init__(readable_from=1)
+        self.failing = True
+
+    def read_verdict(self, task_arn: str) -> dict[str, Any] | None:
+        if self.failing:
+            self.reads += 1
+            raise TimeoutError("GetLogEvents: throttled")
+        return super().read_verdict(task_arn)
+
+
+def test_a_verdict_line_whose_reads_fail_past_the_grace_is_read_again_not_decided_on_the_exit_code() -> None:
+    """Given every read of the verdict line failing (the stack's reads, not a line lost) past
+    the grace, When the sweep polls, Then nothing is decided on the exit code alone while the
+    check has time (8 % sweep two_faults s197: three failed reads, a TIMEOUT exit code's
+    quarantine where the line allowed a reboot); once a read works, the verdict is applied with
+    the line's evidence."""
+    reader = FailingReads()
+    with world(verdicts=reader) as w:
+        task = _checking(w)
+        w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
+        stopped = w.now[0]
+        while w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS + 3 * VERDICT_LOG_RETRY_SECONDS:
+            w.advance(VERDICT_LOG_RETRY_SECONDS)
+            w.service.sweep()
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+        assert w.rebooter.calls == [] and reader.reads > 4
+        reader.failing = False
+        w.advance(VERDICT_LOG_RETRY_SECONDS)
+        w.service.sweep()
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
+        assert w.repo.instances.get_instance_item(FAULTY)["last_verdict"]["failed_tests"] == ["memory"]
+
+
 def _rebooting(w: World) -> None:
     """Rank 1's node faults, its check says reboot; rank 0 stopped by the recovery."""
     arns = w.register_job("j", [PEER, FAULTY])

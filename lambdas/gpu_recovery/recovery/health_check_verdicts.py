@@ -138,8 +138,8 @@ class HealthCheckVerdicts:
             if not self.ours(instance, detail):
                 return self.reboots.converge_after_verdict(instance)
             if log_findings is None and policy.parse_verdict(detail.exit_code()) is not None:
-                line = self._verdict_line(detail, invocation, lease)  # once per event
-                if line is None and not self._log_grace_over(detail) and not decide_now:
+                line, unread = self._verdict_line(detail, invocation, lease)  # once per event
+                if line is None and not decide_now and (unread or not self._log_grace_over(detail)):
                     return self._verdict_log_pending(instance, detail, lease)
                 if line is None:
                     self.metrics.add_metric("VerdictsWithoutLogLine", "Count", 1)
@@ -163,32 +163,35 @@ class HealthCheckVerdicts:
         return Outcome("duplicate", detail={"instance": inst_id})
 
     def _verdict_line(self, detail: EcsTaskDetail, invocation: Invocation | None,
-                      lease: verdict_lease.HeldLease | None) -> dict[str, Any] | None:
+                      lease: verdict_lease.HeldLease | None) -> tuple[dict[str, Any] | None, bool]:
         """The check's verdict line, read again after VERDICT_LOG_PAUSES while it is not
         readable yet and the invocation has time (none without an invocation: the sweep does
-        not wait, it comes back). A read that fails is a line not readable yet: the log is
-        read again later, and past its grace the exit code decides (the check's contract)."""
-        line = self._read_line(detail)
+        not wait, it comes back), and whether the last read failed. A line not there past its
+        grace leaves the exit code to decide (the check's contract); a read that failed (ours:
+        throttled, denied, its answer lost) decides nothing: the sweep reads again, until the
+        check's time is up (``decide_now``)."""
+        line, unread = self._read_line(detail)
         if invocation is None:
-            return line
+            return line, unread
         for pause in VERDICT_LOG_PAUSES:
-            if line is not None or self._log_grace_over(detail):
+            if line is not None or (self._log_grace_over(detail) and not unread):
                 break
             if clock.now() + pause + _LEASE_MARGIN_SECONDS > invocation.deadline:
                 break
             if lease is not None and not lease.keep():
                 break
             clock.sleep(pause)
-            line = self._read_line(detail)
-        return line
+            line, unread = self._read_line(detail)
+        return line, unread
 
-    def _read_line(self, detail: EcsTaskDetail) -> dict[str, Any] | None:
+    def _read_line(self, detail: EcsTaskDetail) -> tuple[dict[str, Any] | None, bool]:
+        """The line (None: not there yet) and whether the read failed."""
         try:
-            return self.reader.read_verdict(detail.taskArn)
+            return self.reader.read_verdict(detail.taskArn), False
         except Exception:  # throttled, denied, answer lost: not readable now
             logger.warning("verdict line not read", exc_info=True, extra={"task": detail.taskArn})
             self.metrics.add_metric("VerdictLineReadsFailed", "Count", 1)
-            return None
+            return None, True
 
     @staticmethod
     def _log_grace_over(detail: EcsTaskDetail) -> bool:
