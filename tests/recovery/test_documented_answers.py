@@ -78,20 +78,25 @@ def test_a_verdict_line_still_unreadable_is_left_for_the_sweep_not_guessed_from_
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
 
+def _stopped_then_polled_past_the_grace(w: World, polls: int) -> None:
+    """The check exits 1 and its STOPPED event is handled; the sweep polls each minute until
+    ``polls`` polls past the grace, nothing decided within the grace."""
+    task = _checking(w)
+    w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
+    stopped = w.now[0]
+    while w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS + polls * VERDICT_LOG_RETRY_SECONDS:
+        w.advance(VERDICT_LOG_RETRY_SECONDS)
+        w.service.sweep()
+        if w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS - VERDICT_LOG_RETRY_SECONDS:
+            assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+
+
 def test_a_verdict_line_never_readable_is_decided_on_the_exit_code_after_the_grace() -> None:
     """Given the verdict line never becomes readable (the log driver lost it), Then the sweep
     keeps the check waiting until the grace after the task stopped, then decides on the
     exit code (the check's contract): the node is rebooted, once."""
-    reader = LateLine(readable_from=None)
-    with world(verdicts=reader) as w:
-        task = _checking(w)
-        w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
-        stopped = w.now[0]
-        while w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS + 2 * VERDICT_LOG_RETRY_SECONDS:
-            w.advance(VERDICT_LOG_RETRY_SECONDS)
-            w.service.sweep()
-            if w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS - VERDICT_LOG_RETRY_SECONDS:
-                assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
+    with world(verdicts=LateLine(readable_from=None)) as w:
+        _stopped_then_polled_past_the_grace(w, polls=2)
         assert w.repo.instances.get_instance(FAULTY).state is InstanceState.REBOOTING
         assert w.rebooter.calls == [f"i-{FAULTY}"]
 
@@ -119,12 +124,7 @@ def test_a_verdict_line_whose_reads_fail_past_the_grace_is_read_again_not_decide
     the line's evidence."""
     reader = FailingReads()
     with world(verdicts=reader) as w:
-        task = _checking(w)
-        w.service.on_health_check_stopped(w.health_check_stopped(task, 1), _invocation(w))
-        stopped = w.now[0]
-        while w.now[0] < stopped + VERDICT_LOG_GRACE_SECONDS + 3 * VERDICT_LOG_RETRY_SECONDS:
-            w.advance(VERDICT_LOG_RETRY_SECONDS)
-            w.service.sweep()
+        _stopped_then_polled_past_the_grace(w, polls=3)
         assert w.repo.instances.get_instance(FAULTY).state is InstanceState.HEALTH_CHECKING
         assert w.rebooter.calls == [] and reader.reads > 4
         reader.failing = False
