@@ -13,6 +13,7 @@ from gpu_recovery.adapters.ecs import EcsAdapter
 from gpu_recovery.adapters.ecs_budget import EcsCallBudget, RateLimited
 from gpu_recovery.adapters.errors import not_sent
 from gpu_recovery.domain.rate_limit import Reservation, TokenBucket, reserve
+from tests.recovery.fakes import throttled
 
 
 class _Store:
@@ -98,12 +99,11 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
     assert other.reserve(1, account, t0 + 10.0).granted
 
 
-class _Unreadable(_Store):
+class _Unwritable(_Store):
     """The budget's item cannot be written (its UpdateItem throttled)."""
 
     def reserve(self, tokens: int, bucket: TokenBucket, now: float, ahead: float = 0.0) -> Reservation:
-        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                           "ResponseMetadata": {"HTTPStatusCode": 400}}, "UpdateItem")
+        raise throttled("UpdateItem")
 
 
 class _Ecs:
@@ -115,21 +115,26 @@ class _Ecs:
         return {"tasks": [], "failures": []}
 
 
-@pytest.mark.parametrize("store, max_wait", [(_Unreadable(), 5.0), (_Store(), 0.0)])
-def test_a_call_whose_budget_turn_was_not_had_says_it_was_never_sent(
-        now: list[float], store: _Store, max_wait: float) -> None:
-    """Given the budget's own write failing, or the budget spent (no wait allowed)
+def test_a_call_whose_budget_could_not_be_written_says_it_was_never_sent(now: list[float]) -> None:
+    """Given the budget's own write failing
     When StartTask is asked for
     Then nothing reaches ECS and the error says so (a caller has nothing to look up)."""
     client = _Ecs()
-    budget = EcsCallBudget(store, TokenBucket(rate=1, burst=1), max_wait_seconds=max_wait)
-    ecs = EcsAdapter(client, "gpu", budget=budget)
-    if isinstance(store, _Unreadable):
-        expected: type[Exception] = ClientError
-    else:
-        ecs.start_task(task_definition="train:1", container_instance_arn="ci-1")  # the one token
-        expected = RateLimited
-    with pytest.raises(expected) as raised:
+    ecs = EcsAdapter(client, "gpu", budget=EcsCallBudget(_Unwritable(), TokenBucket(rate=1, burst=1)))
+    with pytest.raises(ClientError) as raised:
         ecs.start_task(task_definition="train:1", container_instance_arn="ci-1")
-    assert not_sent(raised.value) and client.sent == (0 if expected is ClientError else 1)
-    assert not not_sent(ClientError({"Error": {"Code": "ThrottlingException"}}, "StartTask"))
+    assert not_sent(raised.value) and client.sent == 0
+    assert not not_sent(throttled("StartTask"))  # ECS's own refusal was sent
+
+
+def test_a_call_whose_budget_is_spent_says_it_was_never_sent(now: list[float]) -> None:
+    """Given the budget spent and no wait allowed
+    When StartTask is asked for again
+    Then it does not reach ECS and the error says so."""
+    client = _Ecs()
+    budget = EcsCallBudget(_Store(), TokenBucket(rate=1, burst=1), max_wait_seconds=0.0)
+    ecs = EcsAdapter(client, "gpu", budget=budget)
+    ecs.start_task(task_definition="train:1", container_instance_arn="ci-1")  # the one token
+    with pytest.raises(RateLimited) as raised:
+        ecs.start_task(task_definition="train:1", container_instance_arn="ci-1")
+    assert not_sent(raised.value) and client.sent == 1

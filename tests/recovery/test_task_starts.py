@@ -170,7 +170,8 @@ def test_a_start_task_refused_or_never_sent_is_told_as_not_started(refusal: str)
     is told before the call raises on (a lost answer is not: the test above)."""
     told: list[str] = []
     ecs = _NoTurn() if refusal == "never sent" else FakeEcs()
-    ecs.failures["start_task"] = ["refuse"]
+    if refusal == "throttled by ECS":
+        ecs.failures["start_task"] = ["refuse"]
     with pytest.raises((ClientError, RateLimited)):
         start_once(ecs, REQUEST, NODES, lambda node, task: None, not_started=lambda: told.append("x"))
     assert told == ["x"] and not ecs.tasks
