@@ -10,6 +10,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.constants import CLAIM_LEASE_SECONDS, InstanceState, JobState, RankState
 from gpu_recovery.recovery.node_tasks import FOREIGN_TASK
+from gpu_recovery.recovery.reboots import REBOOT_CONFIRM_SECONDS
 from tests.recovery.fakes import CountedCalls, LostResponse, World, world
 from tests.recovery.remediation_steps import impostor
 
@@ -390,3 +391,26 @@ def test_a_fault_armed_that_no_call_reaches_fails_its_test() -> None:
     with pytest.raises(AssertionError, match=r"never fired.*rank_events\.enter_recovery"), world() as w:
         w.register_job("j", [PEER, FAULTY])
         w.repo.fail_once("rank_events.enter_recovery", "refuse")
+
+
+@pytest.mark.parametrize("claim", ["reboots.claim", "reboots.take_over_claim"])
+def test_a_reboot_claim_whose_answer_was_lost_is_issued_by_the_same_try(claim: str) -> None:
+    """Given the reboot's claim written but its answer lost (a first claim, or the take-over of
+    one that was never confirmed), Then the same try claims again with its own token and
+    reboots the node, once: it does not wait out the claim's five-minute lease."""
+    with world() as w:
+        if claim == "reboots.take_over_claim":
+            w.rebooter.failures = ["lose"]
+            _to_rebooting(w)
+            w.rebooter.calls.clear()  # the lost call did nothing: after the lease, taken over
+            w.advance(REBOOT_CONFIRM_SECONDS)
+        w.repo.fail_once(claim, "lose")
+        if claim == "reboots.claim":
+            _to_rebooting(w)
+        else:
+            w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+        for _ in range(3):
+            w.advance(60)
+            w.service.sweep()
+        assert w.rebooter.calls == [f"i-{FAULTY}"]

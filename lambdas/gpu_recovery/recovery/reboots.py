@@ -1,9 +1,10 @@
 """Stage 3: reboot (or quarantine) a node, and notice it coming back.
 
 A reboot is issued at most once per verdict: the intent (``reboot_claimed_at``) is
-committed before the API call and its answer (``reboot_issued_at``) after it. A claim
-whose answer was lost is re-issued only when the node shows no sign of the reboot
-(agent never disconnected, no later boot time) after a grace period.
+committed before the API call and its answer (``reboot_issued_at``) after it. A reboot
+whose answer was lost is re-issued only when the node shows no sign of it (agent never
+disconnected, no later boot time) after a grace period; a claim whose own answer was lost is
+the same try's again at once (its token passes the claim's condition).
 
 "Back" needs evidence of the reboot (``domain.reboot_evidence``: the host's boot time
 later than the request, else an agent outage that an agent update or a blip cannot
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
@@ -155,13 +157,18 @@ class Reboots:
         if progress in (RebootProgress.NOT_ISSUED, RebootProgress.UNCONFIRMED) and not marked:
             self.mark(instance)
         if progress is RebootProgress.NOT_ISSUED:
-            claimed = self.records.claim(instance, now)
+            claim = self.records.claim
         elif progress is RebootProgress.UNCONFIRMED:
             logger.warning("reboot not confirmed and no sign of it: issuing it again", extra={
                 "instance": instance.container_inst_id, "claimed_at": instance.reboot_claimed_at})
-            claimed = self.records.take_over_claim(instance, now)
+            claim = self.records.take_over_claim
         else:
             return progress.value.lower()
+        token = secrets.token_hex(8)
+        try:
+            claimed = claim(instance, now, token)
+        except Exception:  # its answer may be lost, the claim written: the token passes again
+            claimed = claim(instance, now, token)
         if not claimed:
             return "raced"
         try:

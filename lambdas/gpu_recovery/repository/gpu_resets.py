@@ -17,7 +17,7 @@ from typing import Any
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.claim_fields import GPU_RESET as CLAIM
-from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
+from gpu_recovery.repository.instances import PAST_REBOOT_ATTRIBUTES, Instances
 
 # The reset attributes a new decision (or a fallback) clears.
 RESET_ATTRIBUTES = ("reset_pending", *CLAIM.paths)
@@ -42,7 +42,7 @@ class GpuResetRepository:
         if fault_history is not None:
             fields["fault_history"] = fault_history
         condition, values, names = CLAIM.held(instance)
-        removed = [*RESET_ATTRIBUTES, "reboot_claimed_at", "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES]
+        removed = [*RESET_ATTRIBUTES, *PAST_REBOOT_ATTRIBUTES]
         update = self.node_tasks.claim_update(CLAIM, instance, condition, values, names, set_fields=fields,
                                               remove_fields=removed, deadline_at=deadline_at)
         return self.db.transact([update, *also])

@@ -22,6 +22,11 @@ from gpu_recovery.repository.tables import RecoveryTables
 #: What a reboot request forgets of the agent's last outage (``record_agent_disconnected``).
 AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnected_agent", "reconnected_at",
                            "reconnected_version", "reconnected_agent")
+#: A reboot's claim (``repository.reboots``): when, and its claimer's token.
+REBOOT_CLAIM_TOKEN = "reboot_claim_token"
+REBOOT_CLAIM_ATTRIBUTES = ("reboot_claimed_at", REBOOT_CLAIM_TOKEN)
+#: What a new reboot request forgets of the last reboot: its claim, its answer, its outage.
+PAST_REBOOT_ATTRIBUTES = (*REBOOT_CLAIM_ATTRIBUTES, "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES)
 
 
 class Instances(RecoveryTables):

@@ -20,7 +20,7 @@ from gpu_recovery.domain.models import Instance, Job
 from gpu_recovery.domain.states import FATAL_SUSPECT_VERDICTS, InstanceState, JobState, SuspectVerdict
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.health_check_slots import HealthCheckSlots
-from gpu_recovery.repository.instances import AGENT_OUTAGE_ATTRIBUTES, Instances
+from gpu_recovery.repository.instances import PAST_REBOOT_ATTRIBUTES, Instances
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_COUNTER, JobsAndRanks
 
 
@@ -139,7 +139,7 @@ class NodeDecisionRepository:
         to = decision.to
         if to is InstanceState.REBOOTING:
             fields.update(reboot_requested_at=now, reboot_reason=decision.reboot_reason[:300])
-            remove += ["reboot_claimed_at", "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES, "breaker_blocked"]
+            remove += [*PAST_REBOOT_ATTRIBUTES, "breaker_blocked"]
             remove += ["reset_started_by", "reset_claimed_at", "reset_task_arn"]
             if decision.reset:
                 fields["reset_pending"] = True

@@ -1,8 +1,8 @@
 """A node's reboot, its quarantine and termination, its agent's outage (``recovery.reboots``):
 their intents on the instance item.
 
-A reboot is claimed before the call (``reboot_claimed_at``, on the decision it carries out:
-``reboot_requested_at``), recorded issued after it, given back when the call was refused, and
+A reboot is claimed before the call (``reboot_claimed_at`` and the claimer's token, on the
+decision it carries out: ``reboot_requested_at``), recorded issued after it, given back when the call was refused, and
 taken over by the sweep when its claimer died; the agent's disconnect and reconnect while the
 node is REBOOTING are its signs of life. A replacement's termination is claimed and recorded
 the same way; a quarantine's drain is recorded once ECS confirmed it.
@@ -16,7 +16,7 @@ from gpu_recovery import clock
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.instances import Instances
+from gpu_recovery.repository.instances import REBOOT_CLAIM_ATTRIBUTES, REBOOT_CLAIM_TOKEN, Instances
 
 
 class RebootRepository:
@@ -72,25 +72,24 @@ class RebootRepository:
         ))
 
     # =================================================================== reboot
-    def claim(self, instance: Instance, now: float) -> bool:
+    def claim(self, instance: Instance, now: float, token: str) -> bool:
         """The intent to call the reboot API, committed before the call (one caller at a
         time; a claim whose answer was never recorded is taken over only by
-        :meth:`take_over_claim`)."""
-        return self.db.apply(self.instances.instance_update(
-            instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reboot_claimed_at": now},
-            extra_condition="#rq = :rq AND attribute_not_exists(#rc) AND attribute_not_exists(#ri)",
-            extra_values={":rq": instance.reboot_requested_at},
-            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
-        ))
+        :meth:`take_over_claim`). The claimer's ``token`` passes the condition again: a
+        claim written but whose answer was lost is the claimer's on its next try."""
+        return self._claim(instance, now, token, "attribute_not_exists(#rc)", {})
 
-    def take_over_claim(self, instance: Instance, now: float) -> bool:
+    def take_over_claim(self, instance: Instance, now: float, token: str) -> bool:
+        return self._claim(instance, now, token, "#rc = :rc", {":rc": instance.reboot_claimed_at})
+
+    def _claim(self, instance: Instance, now: float, token: str, held: str, values: dict[str, Any]) -> bool:
         return self.db.apply(self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            set_fields={"reboot_claimed_at": now},
-            extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
-            extra_values={":rq": instance.reboot_requested_at, ":rc": instance.reboot_claimed_at},
-            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
+            set_fields={"reboot_claimed_at": now, REBOOT_CLAIM_TOKEN: token},
+            extra_condition=f"#rq = :rq AND attribute_not_exists(#ri) AND ({held} OR #tk = :tk)",
+            extra_values={":rq": instance.reboot_requested_at, ":tk": token, **values},
+            extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at",
+                         "#tk": REBOOT_CLAIM_TOKEN},
         ))
 
     def record_issued(self, instance: Instance, path: str, now: float, deadline_at: float) -> bool:
@@ -105,7 +104,7 @@ class RebootRepository:
         """The reboot API refused the call (nothing happened): let the next try issue it."""
         return self.db.apply(self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.REBOOTING],
-            remove_fields=["reboot_claimed_at"], deadline_at=retry_at,
+            remove_fields=list(REBOOT_CLAIM_ATTRIBUTES), deadline_at=retry_at,
             extra_condition="#rq = :rq AND #rc = :rc AND attribute_not_exists(#ri)",
             extra_values={":rq": instance.reboot_requested_at, ":rc": claimed_at},
             extra_names={"#rq": "reboot_requested_at", "#rc": "reboot_claimed_at", "#ri": "reboot_issued_at"},
