@@ -2,10 +2,11 @@
 their intents on the instance item.
 
 A reboot is claimed before the call (``reboot_claimed_at`` and the claimer's token, on the
-decision it carries out: ``reboot_requested_at``), recorded issued after it, given back when the call was refused, and
-taken over by the sweep when its claimer died; the agent's disconnect and reconnect while the
-node is REBOOTING are its signs of life. A replacement's termination is claimed and recorded
-the same way; a quarantine's drain is recorded once ECS confirmed it.
+decision it carries out: ``reboot_requested_at``), recorded issued after it, given back when
+the call was refused, and taken over by the sweep when its claimer died; the agent's
+disconnect and reconnect while the node is REBOOTING are its signs of life. A replacement's
+termination is claimed and recorded the same way; a quarantine's drain is recorded once ECS
+confirmed it.
 """
 
 from __future__ import annotations
