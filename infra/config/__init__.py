@@ -211,8 +211,9 @@ class RecoveryConfig:
                           "with evidence")
     suspect_exit_codes: tuple[int, ...] = option(
         (1,), exit_codes(), "exit codes meaning a suspected GPU fault (JSON list or `1,134`)")
-    reboot_timeout_minutes: int = option(30, integer(1, 1440),
-                                         "a rebooted node must be back within this, else quarantine")
+    reboot_timeout_minutes: int = option(
+        30, integer(1, 1440), "a node must be back within this of its reboot (of the request if never "
+                              "sent), else quarantine")
     health_check_timeout_minutes: int = option(30, integer(1, 1440),
                                                "a health check must start and finish within this")
     table_removal_policy: str = option("retain", choice("retain", "destroy"),

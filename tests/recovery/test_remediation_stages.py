@@ -172,6 +172,48 @@ def test_a_reboot_timeout_counts_against_the_breaker_when_it_drains() -> None:
         assert [e["node"] for e in w.repo.breaker.read()["window"]] == [FAULTY]  # the quarantine, now
 
 
+def _minutes(w: World, minutes: int) -> None:
+    for _ in range(minutes):
+        w.advance(60)
+        w.service.sweep()
+
+
+def test_a_reboot_sent_late_has_the_whole_timeout_to_come_back() -> None:
+    """Given a reboot whose every try is refused for twenty minutes (the reboot API throttled),
+    When it is sent at last and the node goes down, Then the reboot timeout (30 minutes) counts
+    from its sending: 49 minutes after the request the node is still given its time; not back
+    30 minutes after its reboot, it is quarantined."""
+    with world() as w:
+        w.rebooter.failures = ["refuse"] * 1000
+        rebooting(w, "j", [PEER, FAULTY])
+        _minutes(w, 20)
+        assert w.rebooter.calls == []
+        w.rebooter.failures.clear()
+        _minutes(w, 1)
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+        w.ecs.agent_connected[FAULTY] = False  # going down: its reboot
+        _minutes(w, 28)
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.REBOOTING
+        assert w.ecs.drained == []
+        _minutes(w, 3)
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        assert "did not come back after its reboot" in w.repo.jobs.get_job("j").last_error
+
+
+def test_a_reboot_never_sent_times_out_from_its_request_and_says_so() -> None:
+    """Given a reboot whose every try is refused, When the reboot timeout has passed since its
+    request, Then the node (its check's verdict stands) is quarantined, and the job's error says
+    the node was not rebooted, not that it did not come back."""
+    with world() as w:
+        w.rebooter.failures = ["refuse"] * 1000
+        rebooting(w, "j", [PEER, FAULTY])
+        _minutes(w, 31)
+        assert w.rebooter.calls == []
+        assert w.repo.instances.get_instance(FAULTY).state is C.InstanceState.QUARANTINED
+        assert "was not rebooted: every try to send its reboot failed" in w.repo.jobs.get_job("j").last_error
+        w.rebooter.failures.clear()
+
+
 def test_drain_observed_a_health_check_timeout_leaves_the_node_undrained() -> None:
     """Given drain=observe, When a health check never finishes, Then the node is neither
     drained nor marked SUSPECT and its history records nothing (issue 49: a check without

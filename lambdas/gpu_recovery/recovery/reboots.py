@@ -179,8 +179,7 @@ class Reboots:
             if refused(error):  # nothing happened: the next try may issue it
                 self.records.release_claim(instance, now, now + RETRY_INTERVAL_SECONDS)
             raise
-        timeout_at = (instance.reboot_requested_at or now) + self.settings.reboot_timeout_seconds
-        self.records.record_issued(instance, path, clock.now(), min(timeout_at, now + RETRY_INTERVAL_SECONDS))
+        self.records.record_issued(instance, path, clock.now(), now + RETRY_INTERVAL_SECONDS)
         self.metrics.add_metric("Reboots", "Count", 1)
         logger.info("reboot requested", extra={"instance": instance.container_inst_id,
                                                "ec2_instance": instance.ec2_instance_id, "via": path})
@@ -383,9 +382,12 @@ class Reboots:
     def sweep(self, instance: Instance, now: float) -> str:
         """Scheduled, every minute while REBOOTING: issue what was never issued, repeat
         what provably did not happen, notice the node back from ECS if its events were
-        lost, and give up after the reboot timeout."""
-        requested = instance.reboot_requested_at or now
-        out_of_time = now >= requested + self.settings.reboot_timeout_seconds
+        lost, and give up after the reboot timeout: counted from the reboot's sending (a node
+        rebooted late, its reboot refused for a while, has the whole of it to come back), or
+        from its request while it was never sent."""
+        timeout_at = (instance.reboot_issued_at or instance.reboot_requested_at or now) \
+            + self.settings.reboot_timeout_seconds
+        out_of_time = now >= timeout_at
         observed, marked = self._described(instance) if out_of_time and instance.reboot_issued_at \
             else (None, False)
         if out_of_time and observed is not None and self._answers(instance, observed):
@@ -398,8 +400,10 @@ class Reboots:
             back = self.node_back(instance, Repair.REBOOT, f"its reboot not proven ({why}); the node answers")
             return "back_unproven" if back.action != "duplicate" else "raced"
         if out_of_time:
-            return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT,
-                                 "did not come back after its reboot", verdict=SuspectVerdict.TIMEOUT)
+            what = "did not come back after its reboot" if instance.reboot_claimed_at is not None \
+                else "was not rebooted: every try to send its reboot failed"
+            return self.time_out(instance, NotificationKind.REBOOT_TIMEOUT, what,
+                                 verdict=SuspectVerdict.TIMEOUT)
         observed, marked = self._described(instance)  # None (MISSING): no word on the agent
         if observed is not None and not marked and instance.reboot_claimed_at is not None:
             self.mark(instance)  # its mark was lost: put again
@@ -413,8 +417,7 @@ class Reboots:
             if judged.action in ("instance_available", "validating"):
                 return "back"
         self.data.deadlines.rearm_instance(instance.container_inst_id, InstanceState.REBOOTING,
-                                           min(requested + self.settings.reboot_timeout_seconds,
-                                               now + RETRY_INTERVAL_SECONDS))
+                                           min(timeout_at, now + RETRY_INTERVAL_SECONDS))
         return f"rebooting_{issued}"
 
     @staticmethod
