@@ -514,6 +514,8 @@ def table_definitions() -> dict[str, dict[str, Any]]:
 
 
 NOTIFICATION_KIND_ATTRIBUTE = "event_kind"
+#: a notice's id (its content's digest): the same on a repeat of it (published at least once)
+NOTICE_ID_ATTRIBUTE = "notice_id"
 
 # The largest job the recovery loop protects (tasks), and the queue's largest (nodes): one
 # task per GPU on 1,024 nodes of 8 GPUs. A larger tagged job is refused loudly.

@@ -63,6 +63,11 @@ class Notification:
         text = "\x1f".join((self.kind.value, self.subject, self.body))
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
+    def published_body(self) -> str:
+        """The body as e-mailed, its notice id last: a notice is published at least once (a
+        ``Publish`` whose answer was lost is sent again), and a repeat carries the same id."""
+        return f"{self.body}\nNotice {self.digest()} (an e-mail with this id is a repeat of this one)\n"
+
 
 @dataclass(frozen=True)
 class NotificationFacts:
