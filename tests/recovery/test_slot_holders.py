@@ -13,6 +13,7 @@ from botocore.exceptions import ReadTimeoutError
 from gpu_recovery import constants as C
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.shards import stable_shard
+from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.health_check_slots import (
     HOLDERS,
@@ -212,3 +213,59 @@ def test_a_check_claimed_by_the_release_before_gives_back_its_counts() -> None:
     assert repo.slots.running() == 1
     job_item = repo.tables.db.get(JOBS, {C.JOB_PK: C.health_check_slots_key("j1")}) or {}
     assert int(job_item.get("running") or 0) == 0 and len(job_item.get(HOLDERS) or ()) == 1
+
+
+def _answers_lost(repo: Repository, monkeypatch: pytest.MonkeyPatch, key: dict[str, str], *,
+                  retried: bool) -> list[bool]:
+    """The first write to ``key`` lands but its answer is lost: ``retried``, botocore sends it
+    again and answers with the second try's result (its condition now read against the
+    write's own result); else the caller sees the timeout. The writes' results are recorded."""
+    apply = repo.tables.db.apply
+    results: list[bool] = []
+
+    def lossy(update: Any) -> bool:
+        first = apply(update)
+        if update.key != key or results:
+            return bool(first)
+        results.append(first)
+        if not retried:
+            raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+        results.append(apply(update))
+        return bool(results[-1])
+
+    monkeypatch.setattr(repo.tables.db, "apply", lossy)
+    return results
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["botocore-retried", "timed-out"])
+def test_a_claim_whose_instance_write_answer_was_lost_is_still_claimed_holding_its_slot(
+        monkeypatch: pytest.MonkeyPatch, retried: bool) -> None:
+    """Given the instance's claim written but its answer lost, Then the claim is the same
+    try's (its token passes the condition again): CLAIMED, its slot held, not RACED with its
+    running check's slot given back (the cluster would run one check more than its limit)."""
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
+    results = _answers_lost(repo, monkeypatch, {C.INSTANCE_PK: "n1"}, retried=retried)
+    assert _claim(repo, instance, per_job=4, cluster=16) is Claim.CLAIMED
+    assert results[0] is True
+    held = repo.instances.get_instance("n1")
+    assert held is not None and held.state is InstanceState.HEALTH_CHECKING
+    assert _all_holders(repo) == _job_holders(repo) == {held.hc_slot_token}
+    assert repo.slots.running() == 1
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["botocore-retried", "timed-out"])
+def test_a_slot_whose_write_answer_was_lost_is_held_on_its_one_shard(
+        monkeypatch: pytest.MonkeyPatch, retried: bool) -> None:
+    """Given one slot a shard and the token's write to its shard landed with its answer lost,
+    Then the claim holds that shard (the full shard's condition passes its own token): its
+    token is not left on a second shard, where it would count twice until reaped."""
+    repo = memory_repository()
+    instance = pending_health_check(repo, "n1")
+    shard = stable_shard("n1", SHARDS)
+    _answers_lost(repo, monkeypatch, {C.INSTANCE_PK: C.health_check_slot_shard_key(shard)}, retried=retried)
+    assert _claim(repo, instance, cluster=SHARDS) is Claim.CLAIMED
+    held = repo.instances.get_instance("n1")
+    assert held is not None and held.hc_slot_shard == shard
+    assert _shard_holders(repo, shard) == _all_holders(repo) == {held.hc_slot_token}
+    assert repo.slots.running() == 1

@@ -14,7 +14,10 @@ job's item if the job's share is counted (a refusal deletes it from the shard ag
 commits the instance's claim with the token and the shard (``hc_slot_token``,
 ``hc_slot_shard``). A claim that lost the instance to another delivery deletes its token
 again. Each delivery's token is its own (a random part): two deliveries of one claim never
-share one, so the loser's give-back never frees the winner's slot.
+share one, so the loser's give-back never frees the winner's slot. Each of these writes
+passes its condition again when its token is already written, and is sent once more when its
+answer is lost: a write retried after it landed (botocore's retry, or ours) is not read as
+"full" or "raced", which would put one token on two shards or free a running check's slot.
 
 Every way out of HEALTH_CHECKING (its verdict, no placement, no verdict, a timeout) commits
 the instance's change first and then deletes the token from the items it is on
@@ -157,10 +160,18 @@ class HealthCheckSlots:
     def _hold(self, table: str, key: dict[str, str], token: str, share: int,
               fields: dict[str, Any]) -> bool:
         """The token among the item's holders, if they are fewer than ``share``."""
-        return bool(self.base.db.apply(Update(
+        return self._apply_once_more_if_lost(Update(
             table=table, key=key, set_fields=fields, add_to_sets={HOLDERS: {token}},
-            condition="attribute_not_exists(#h) OR size(#h) < :share",
-            condition_values={":share": share}, condition_names={"#h": HOLDERS})))
+            condition="attribute_not_exists(#h) OR size(#h) < :share OR contains(#h, :token)",
+            condition_values={":share": share, ":token": token}, condition_names={"#h": HOLDERS}))
+
+    def _apply_once_more_if_lost(self, update: Update) -> bool:
+        """A write whose condition its own token passes: sent again when its answer is lost."""
+        try:
+            return bool(self.base.db.apply(update))
+        except (ClientError, BotoCoreError):
+            logger.warning("health-check slot write unanswered: sending it again", exc_info=True)
+            return bool(self.base.db.apply(update))
 
     def _let_go(self, table: str, key: dict[str, str], token: str) -> None:
         """The token no longer among the item's holders (idempotent)."""
@@ -194,9 +205,12 @@ class HealthCheckSlots:
                 and not self._hold(self.base.job_table_name, self._job_key(owner), token, per_job, fields):
             self._give_back_tokens(token, shard, None)
             return Taken(Claim.JOB_FULL)
-        recorded = replace(claim, set_fields={**claim.set_fields, "hc_slot_shard": shard,
-                                              "hc_slot_token": token})
-        if not self.base.db.apply(recorded):
+        recorded = replace(
+            claim, set_fields={**claim.set_fields, "hc_slot_shard": shard, "hc_slot_token": token},
+            condition=f"({claim.condition}) OR #hc_token = :hc_token",
+            condition_values={**claim.condition_values, ":hc_token": token},
+            condition_names={**claim.condition_names, "#hc_token": "hc_slot_token"})
+        if not self._apply_once_more_if_lost(recorded):
             self._give_back_tokens(token, shard, owner if per_job is not None else None)
             return Taken(Claim.RACED)
         return Taken(Claim.CLAIMED, shard, token)
