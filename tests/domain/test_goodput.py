@@ -265,3 +265,22 @@ def test_a_finished_jobs_metric_figures_are_gpu_hours_per_badput_cause_and_ettr_
     lost, ettr = job_end_figures(item, now=9999)
     assert lost == pytest.approx({"diagnosis": 90 * 16 / 3600, "repair": 180 * 16 / 3600})
     assert ettr == pytest.approx(100 * 900 / 1170, abs=1e-3)
+
+
+def test_a_restart_never_marked_running_is_restart_until_the_ended_task_started() -> None:
+    """Given a gang restart RUNNING at 100 whose rank 0 RUNNING mark never came, When its attempt
+    ends (a fault at 400, or its completion at 400) carrying the stopping task's startedAt 140,
+    Then 100-140 is restart and only then training; a startedAt at or before the interval's start
+    changes nothing, one past its end is the end."""
+    fault = {**gp.fault_marks(fault_at=400, checkpoint_at=None), **gp.ran_from_marks(140)}
+    ended = {**gp.end_marks(400), **gp.ran_from_marks(140)}
+    for closing, to in ((fault, "PENDING_HEALTHCHECK"), (ended, "COMPLETE")):
+        book = ledger([entry(0, "STARTING"), entry(100, "RUNNING"), entry(400, to, closing)], 400)
+        assert (book.seconds["restart"], book.seconds["productive"]) == pytest.approx((140, 260))
+    early = ledger([entry(0, "STARTING"), entry(100, "RUNNING"),
+                    entry(400, "COMPLETE", {**gp.end_marks(400), **gp.ran_from_marks(60)})], 400)
+    assert (early.seconds["restart"], early.seconds["productive"]) == pytest.approx((100, 300))
+    late = ledger([entry(0, "STARTING"), entry(100, "RUNNING"),
+                   entry(400, "COMPLETE", {**gp.end_marks(400), **gp.ran_from_marks(900)})], 400)
+    assert (late.seconds["restart"], late.seconds["productive"]) == pytest.approx((400, 0))
+    assert gp.ran_from_marks(None) == {}

@@ -40,6 +40,11 @@ REGION, ACCOUNT, CLUSTER = "us-east-1", "111122223333", "gpu-cluster"
 CLUSTER_ARN = f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}"
 
 
+def event_time(at: float) -> str:
+    """An epoch time as ECS events write theirs."""
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
 def ci_arn(node: str) -> str:
     return f"arn:aws:ecs:{REGION}:{ACCOUNT}:container-instance/{CLUSTER}/{node}"
 
@@ -520,14 +525,16 @@ class World:
         detail["containers"][0]["exitCode"] = exit_code
         # The event is as recent as the world's clock, so node evidence (XIDs) reported
         # "now" falls inside the fault's window as it would in a live cluster.
-        stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        stamp = event_time(self.now[0])
         detail.update(stoppingAt=stamp, stoppedAt=stamp, executionStoppedAt=stamp, updatedAt=stamp)
+        if task.started_at is not None:  # a task the stack started: when it really ran
+            detail["startedAt"] = event_time(task.started_at)
         return EcsTaskDetail.model_validate(detail)
 
     def task_running(self, task_arn: str, node: str, at: float) -> EcsTaskDetail:
         """A training task's RUNNING event (the AWS documentation's example), at ``at``."""
         detail = json.loads((EVENTS / "aws_doc_ecs_task_state_change.json").read_text())["detail"]
-        stamp = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        stamp = event_time(at)
         detail.update(taskArn=task_arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(node),
                       group="gpujobs", updatedAt=stamp)
         return EcsTaskDetail.model_validate(detail)
@@ -536,7 +543,7 @@ class World:
         task.last_status, task.exit_code, task.stopped_at = "STOPPED", exit_code, self.now[0]
         event = json.loads((EVENTS / "health_check_task_stopped.json").read_text())
         detail = event["detail"]
-        stamp = datetime.fromtimestamp(self.now[0], tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        stamp = event_time(self.now[0])
         detail.update(taskArn=task.arn, clusterArn=CLUSTER_ARN, containerInstanceArn=ci_arn(task.node),
                       startedBy=task.started_by, stoppingAt=stamp, stoppedAt=stamp, updatedAt=stamp,
                       taskDefinitionArn=task.task_definition_arn)

@@ -164,6 +164,40 @@ def test_an_application_error_is_the_jobs_own_time_not_a_nodes_cost() -> None:
     assert ledger["top_nodes"] == []
 
 
+@pytest.mark.parametrize("ended_by", ["completion", "fault"])
+def test_a_restart_whose_rank_0_running_event_never_came_is_restart_until_its_tasks_started(
+        ended_by: str) -> None:
+    """Given a gang restart whose tasks pulled for 40 s and whose rank 0 RUNNING event never
+    arrived (every delivery failed), When the attempt ends 300 s later (its ranks complete, or
+    rank 1 fails), Then those 40 s are restart, from the stopping task's own startedAt: not
+    training (the ledger had them productive)."""
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.advance(100)
+        report_xid(w, FAULTY, 13)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: restart"))
+        job = w.repo.jobs.get_job("j")
+        assert (job.state, job.attempt) == (JobState.RUNNING, 2)
+        before = view(w)["seconds"]
+        ranks = [w.repo.jobs.get_rank("j", r) for r in (0, 1)]
+        for rank in ranks:
+            assert rank is not None and rank.attempt == 2
+            w.ecs.tasks[rank.task_arn].started_at = w.now[0] + 40  # its image pulled 40 s
+        w.advance(300)
+        if ended_by == "completion":
+            for rank in ranks:
+                w.service.on_task_state_change(w.task_stopped(rank.task_arn, exit_code=0))
+            assert w.repo.jobs.get_job("j").state is JobState.COMPLETE
+        else:
+            w.service.on_task_state_change(w.task_stopped(ranks[1].task_arn, exit_code=1))
+            assert w.repo.jobs.get_job("j").state is JobState.PENDING_HEALTHCHECK
+        s = view(w)["seconds"]
+    assert s["restart"] == pytest.approx(before["restart"] + 40)
+    assert s["productive"] == pytest.approx(before["productive"] + 260)
+
+
 def test_waiting_for_a_node_to_relocate_to_is_waiting_for_capacity() -> None:
     """Given a relocatable job on a full cluster, When node-b's DCGM check says replace,
     Then the job waits for a free node (relocation) and that time is waiting_for_capacity,

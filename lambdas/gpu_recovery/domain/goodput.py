@@ -114,6 +114,18 @@ def interval_marks(cause: str, until: float) -> dict[str, Any]:
     return {"was": cause, "until": float(until)}
 
 
+def interval_mark_attribute(cause: str) -> str:
+    """The job item's attribute naming the attempt whose ``cause`` interval mark is written."""
+    return f"gp_{cause}_attempt"
+
+
+def ran_from_marks(ran_from: float | None) -> dict[str, Any]:
+    """When the task whose stop ends a gang restart's RUNNING started (its ``startedAt``), for
+    that transition when rank 0's RUNNING event never marked it: restart until then, as the
+    mark would have said (else the tasks' pull and start would count as training)."""
+    return {} if ran_from is None else {"ran_from": float(ran_from)}
+
+
 def validation_marks(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The ``gp`` facts of a gang restart's RUNNING when the nodes it waited for validated
     after their repair (``domain.validation.result_record``: each ``since`` to ``at``): that
@@ -247,6 +259,10 @@ class Ledger:
             return
         start, end = self.last_at, max(self.last_at, until)
         state, marks = self.last_state, dict(closing or {})
+        if state == JobState.RUNNING.value and marks.get("ran_from") is not None:
+            ran_from = min(max(float(marks["ran_from"]), start), end)  # ``ran_from_marks``
+            self.add(RESTART, ran_from - start)
+            start = ran_from
         if state == JobState.RUNNING.value and marks.get("was") in CAUSES and marks.get("until") is not None \
                 and not marks.get("fault"):
             # Leaving RUNNING after time of another cause (a preflight that pinned nodes).

@@ -127,6 +127,7 @@ class Job:
     updated_at: float = 0.0
     source: str = "ecs-tags"  # "ecs-tags" (registered from task tags) or "queue"
     restarted_attempt: int | None = None  # the attempt the recovery loop's gang restart started
+    restart_ran_marked: bool = False  # rank 0's RUNNING marked when this attempt's restart ran
     # The current fault's verdicts, as counts (the per-node records are suspect items).
     tally: FaultTally = field(default_factory=FaultTally)
     relocate: bool = False  # the pending restart moves ranks off unusable nodes
@@ -163,6 +164,12 @@ class Job:
     def suspend_stopping(self) -> bool:
         """A SUSPENDING job whose ranks are being stopped (grace over or go_suspend())."""
         return self.state is JobState.SUSPENDING and bool(self.suspend.get("stop_requested_at"))
+
+    @property
+    def restart_ran_unmarked(self) -> bool:
+        """A gang restart RUNNING whose rank 0 RUNNING event has not marked when its tasks ran."""
+        return self.state is JobState.RUNNING and self.restarted_attempt == self.attempt \
+            and not self.restart_ran_marked
 
     @property
     def is_queue_job(self) -> bool:

@@ -49,10 +49,11 @@ class Assessment:
 
 
 def fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
-                budget: BudgetOutcome | None) -> dict[str, Any]:
+                budget: BudgetOutcome | None, ran_from: float | None = None) -> dict[str, Any]:
     """The goodput facts of a rank's fault (``domain.goodput``): when it happened (the
     evidence's time: the task's stop), the last checkpoint reported before it, its node
-    and catalog rule, and whether it is the job's own (an application error)."""
+    and catalog rule, whether it is the job's own (an application error), and when its task
+    started (``ran_from``) if the gang restart it ends was never marked running."""
     fault_at = assessment.evidence.fault_at if assessment is not None else now
     rule = assessment.plan.decision.rule_id if assessment is not None else ""
     own = budget is not None and budget.charged is Budget.APPLICATION
@@ -60,4 +61,11 @@ def fault_marks(job: Job, node: str, now: float, assessment: Assessment | None,
             assessment.plan.decision.budget is Budget.APPLICATION:
         own = True
     checkpoint_at = goodput.checkpoint_before(job.checkpoint, fault_at)
-    return goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
+    marks = goodput.fault_marks(fault_at=fault_at, checkpoint_at=checkpoint_at, node=node, rule=rule, own=own)
+    return {**marks, **restart_run_marks(job, ran_from)}
+
+
+def restart_run_marks(job: Job, ran_from: float | None) -> dict[str, Any]:
+    """``goodput.ran_from_marks`` for a transition out of a gang restart's RUNNING that rank 0's
+    RUNNING event never marked ({} for any other)."""
+    return goodput.ran_from_marks(ran_from if job.restart_ran_unmarked else None)

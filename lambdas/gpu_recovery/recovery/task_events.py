@@ -54,7 +54,7 @@ from gpu_recovery.recovery.remediation.job_settlement import JobSettlement, budg
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
 from gpu_recovery.recovery.stage_data import TaskEventData
-from gpu_recovery.recovery.stop_assessment import Assessment, fault_marks
+from gpu_recovery.recovery.stop_assessment import Assessment, fault_marks, restart_run_marks
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_INFRASTRUCTURE, RankStop
@@ -180,6 +180,7 @@ class TaskEvents:
         # retried delivery must not count the minute it waited as training, issue 52).
         stamp = detail.executionStoppedAt or detail.stoppedAt or detail.updatedAt
         ended_at = min(stamp.timestamp(), clock.now()) if stamp is not None else None
+        ran_from = min(detail.startedAt.timestamp(), clock.now()) if detail.startedAt is not None else None
         fields: dict[str, Any] = {"stop_reason": policy.describe_failure(stop)[:500]}
         if stop.exit_code is not None:
             fields["exit_code"] = stop.exit_code
@@ -206,9 +207,9 @@ class TaskEvents:
                     suspend_stopping=job.suspend_stopping, fault_found=found)
             if reaction is StopReaction.ADD_SUSPECT and self._coupled(job, rank, assessment, ended_at):
                 reaction = StopReaction.COUPLED
-            if self._record(job, rank, stop, reaction, rank_stop, assessment, budget, exited_at=ended_at):
+            if self._record(job, rank, stop, reaction, rank_stop, assessment, budget, ended_at, ran_from):
                 return self._follow_up(job, rank, kind, reaction, redelivered=rank_stop is None,
-                                       assessment=assessment, ended_at=ended_at,
+                                       assessment=assessment, ended_at=ended_at, ran_from=ran_from,
                                        written=_as_written(rank, rank_stop, reaction))
             rank = repo.jobs.get_rank(rank.job_id, rank.rank) or rank
             if rank.task_arn != detail.taskArn:
@@ -216,7 +217,8 @@ class TaskEvents:
         latest = repo.jobs.get_job(rank.job_id)
         if latest is None:
             return Outcome("ignored", rank.job_id, {"why": "job record missing"})
-        return self._converge(latest, redelivered=True, kind=kind, rank=rank, ended_at=ended_at)
+        return self._converge(latest, redelivered=True, kind=kind, rank=rank, ended_at=ended_at,
+                              ran_from=ran_from)
 
     # ------------------------------------------------------------- judgement
     def _assess(self, job: Job, rank: Rank, stop: TaskStop, detail: EcsTaskDetail) -> Assessment:
@@ -247,14 +249,15 @@ class TaskEvents:
 
     def _record(self, job: Job, rank: Rank, stop: TaskStop, reaction: StopReaction,
                 rank_stop: RankStop | None, assessment: Assessment | None = None,
-                budget: BudgetOutcome | None = None, *, exited_at: float | None = None) -> bool:
+                budget: BudgetOutcome | None = None, exited_at: float | None = None,
+                ran_from: float | None = None) -> bool:
         """Write the rank's stop and the job's reaction together; False if a race was lost."""
         repo = self.data
         now = clock.now()
         node = rank.container_inst_id
         decided = f" ({assessment.plan.decision.reason})" if assessment is not None else ""
         last_fault = assessment.record(now, node, job.attempt) if assessment is not None else None
-        ledger = fault_marks(job, node, now, assessment, budget)
+        ledger = fault_marks(job, node, now, assessment, budget, ran_from)
         if reaction is StopReaction.USER_STOPPED:
             reason = (f"rank {rank.rank} stopped by a user ({stop.stopped_reason or 'UserInitiated'})")
             return ended(self.metrics, self.data.jobs, job.job_id, repo.jobs.finish_job(
@@ -366,7 +369,8 @@ class TaskEvents:
 
     def _follow_up(self, job: Job, rank: Rank, kind: StopKind, reaction: StopReaction, *,
                    redelivered: bool, assessment: Assessment | None = None,
-                   ended_at: float | None = None, written: Rank | None = None) -> Outcome:
+                   ended_at: float | None = None, ran_from: float | None = None,
+                   written: Rank | None = None) -> Outcome:
         """``written``: the rank as this delivery wrote it, when that was all its reaction
         wrote: the job goes on as read (its reaction was decided on that read), except where any
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
@@ -382,7 +386,8 @@ class TaskEvents:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
                                  suspect=reaction in _SUSPECT_REACTIONS,
-                                 coupled=reaction is StopReaction.COUPLED, ended_at=ended_at, written=written)
+                                 coupled=reaction is StopReaction.COUPLED, ended_at=ended_at,
+                                 ran_from=ran_from, written=written)
         if reaction is StopReaction.FAIL_OBSERVED and assessment is not None:
             return Outcome("observed", job.job_id, {"rank": rank.rank,
                                                     "would_have_done": [e.value for e in
@@ -431,12 +436,11 @@ class TaskEvents:
 
     def _converge(self, job: Job, *, redelivered: bool, kind: StopKind, rank: Rank,
                   suspect: bool = False, coupled: bool = False, ended_at: float | None = None,
-                  written: Rank | None = None) -> Outcome:
+                  ran_from: float | None = None, written: Rank | None = None) -> Outcome:
         """Do what the rank's stop still needs (the work a dead delivery left undone): its
         node's health check if it is a suspect, its arrival at the attempt's latches, and
-        whatever completing them means for the job (``ended_at``: when the task ended, the
-        end of a completed job's training in its ledger; ``written``: the rank as this
-        delivery wrote it, else read)."""
+        whatever completing them means for the job (``ended_at`` and ``ran_from``: when the task
+        ended and started, for the ledger; ``written``: the rank as this delivery wrote it)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
         repo = self.data
         current = written or repo.jobs.get_rank(rank.job_id, rank.rank) or rank
@@ -462,12 +466,12 @@ class TaskEvents:
             suspect_node=node if suspect else "", coupled_node=node if coupled else "", node=node)
         if Latch.DONE in arrival:
             detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id,
-                                       self._complete(job, current.attempt, ended_at))
+                                       self._complete(job, current.attempt, ended_at, ran_from))
         if Latch.ENDED in arrival:
             detail["ended"] = self.on_attempt_ended(repo.jobs.get_job(job.job_id) or job, current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
 
-    def _complete(self, job: Job, attempt: int, ended_at: float | None) -> bool:
+    def _complete(self, job: Job, attempt: int, ended_at: float | None, ran_from: float | None) -> bool:
         """Every rank of ``attempt`` exited 0: COMPLETE. A gang restart whose confirmation never
         committed (its ranks finished first) is confirmed by the same transaction: its e-mail
         owed, its time running counted as training in the goodput ledger."""
@@ -480,7 +484,7 @@ class TaskEvents:
                 self.restarts.recovered(job, notice)
                 return True
         return jobs.finish_job(job.job_id, attempt, JobState.COMPLETE, "every rank exited 0",
-                               ledger=goodput.end_marks(ended_at))
+                               ledger={**goodput.end_marks(ended_at), **restart_run_marks(job, ran_from)})
 
     def _named_suspect(self, job: Job, rank: Rank) -> bool:
         """Is this rank's node a suspect of the job's fault? Every node with

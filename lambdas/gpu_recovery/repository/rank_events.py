@@ -92,7 +92,7 @@ class RankEventRepository:
         ``attempt`` so far was ``cause`` until ``until``. Once per attempt and cause (a
         redelivery finds it written: ``gp_<cause>_attempt`` on the item); nothing when the job
         left RUNNING or that attempt."""
-        once_key = f"gp_{cause}_attempt"
+        once_key = goodput.interval_mark_attribute(cause)
         update = self.jobs.job_transition(
             job_id, JobState.RUNNING, from_states=[JobState.RUNNING], attempt=attempt, reason=reason,
             actor="recovery", set_fields={once_key: attempt},

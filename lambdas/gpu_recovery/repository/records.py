@@ -21,6 +21,7 @@ from gpu_recovery.constants import (
     job_item_key,
     rank_item_key,
 )
+from gpu_recovery.domain import goodput
 from gpu_recovery.domain.breaker.hold import BreakerHold
 from gpu_recovery.domain.fault_tally import FaultTally
 from gpu_recovery.domain.models import EarlierTask, Instance, Job, Rank
@@ -51,6 +52,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         updated_at=item.get("updated_at", 0.0),
         source=source,
         restarted_attempt=int(restarted) if restarted is not None else None,
+        restart_ran_marked=int(item.get(goodput.interval_mark_attribute(goodput.RESTART)) or 0) == attempt,
         tally=FaultTally.from_item(item.get("fault")),
         relocate=bool(item.get("relocate", False)),
         relocated=int(item.get("relocated_attempt") or 0) == attempt,
