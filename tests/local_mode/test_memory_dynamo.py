@@ -201,15 +201,15 @@ def _scenario(ddb: Any) -> list[tuple[str, Any]]:
         step("reap, old", lambda: repo.slots.reap(now[0] + 7200))
         step("running after reaping", lambda: repo.slots.running_by_shard())
         step("take over hc claim, leased", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0], now[0] + 75))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0], now[0] + 75, "tok-1"))
         step("take over hc claim, lease ended", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 100, now[0] + 175))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 100, now[0] + 175, "tok-2"))
         step("record hc task", lambda: repo.node_tasks.record(
             CHECK_CLAIM, repo.instances.get_instance("n0"), "sb-1", "arn:hc-task", now[0] + 300))
         step("record hc task, other claim", lambda: repo.node_tasks.record(
             CHECK_CLAIM, repo.instances.get_instance("n0"), "sb-2", "x", now[0]))
         step("take over hc claim, recorded", lambda: repo.node_tasks.take_over(
-            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 1000, now[0] + 1075))
+            CHECK_CLAIM, repo.instances.get_instance("n0"), now[0] + 1000, now[0] + 1075, "tok-3"))
         step("instances", lambda: repo.instances.get_instances(["n0", "n1", "n7", "n9"]))
         step("due instances", lambda: repo.deadlines.due_instances(now[0] + 3600))
         step("due instances, none yet", lambda: repo.deadlines.due_instances(T0))

@@ -238,6 +238,28 @@ def test_a_lost_write_of_the_reset_is_finished_by_the_sweep(intent: str) -> None
         assert w.service.on_health_check_stopped(reset_stopped(task, 0)).action == "gpu_reset_passed"
 
 
+@pytest.mark.parametrize("claim", ["node_tasks.claim", "node_tasks.take_over"])
+def test_a_reset_claim_whose_answer_was_lost_is_the_same_try_s(claim: str) -> None:
+    """Given the reset's claim (or the take-over of a claim whose StartTask answer was lost)
+    written but its answer lost, Then the same try sends it again with its own token and goes
+    on (starts the reset, or finds it by its startedBy) at once: it does not wait out the
+    claim's lease, and the reset runs once."""
+    with world() as w:
+        if claim == "node_tasks.take_over":
+            w.ecs.failures["start_task"] = ["lose"]
+            xid_fault(w)
+            w.advance(C.CLAIM_LEASE_SECONDS - 60)
+        w.repo.fail_once(claim, "lose")
+        if claim == "node_tasks.claim":
+            xid_fault(w)
+        else:
+            sweeps(w, 1)  # the lease has ended: taken over, its task looked up
+        [task] = resets_on(w, FAULTY)
+        assert w.repo.instances.get_instance(FAULTY).task(GPU_RESET_TASK).task_arn == task.arn
+        sweeps(w, 4)
+        assert resets_on(w, FAULTY) == [task]
+
+
 def test_a_lost_fallback_write_is_finished_once() -> None:
     with world() as w:
         w.repo.fail_once("gpu_resets.fall_back_to_reboot", "lose")

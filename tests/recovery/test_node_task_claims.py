@@ -58,14 +58,38 @@ def test_one_claimer_wins_and_a_dead_claim_is_taken_over_once(fields: ClaimField
     with world() as w:
         unclaimed = make(w)
         now = w.now[0]
-        assert w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60)
-        assert not w.repo.node_tasks.claim(fields, unclaimed, "claim-2", now, now + 60)  # the loser
+        assert w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60, "tok-1")
+        assert not w.repo.node_tasks.claim(fields, unclaimed, "claim-2", now, now + 60, "tok-2")  # the loser
         claimed = read(w)
         assert the_claim(fields, claimed) == ("claim-1", now, "")
         w.advance(600)
-        assert w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60)
-        assert not w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60)  # read before
+        assert w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60, "tok-3")
+        # read before:
+        assert not w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60, "tok-4")
         assert the_claim(fields, read(w)) == ("claim-1", w.now[0], "")
+
+
+@pytest.mark.parametrize(("fields", "make"), KINDS)
+def test_a_claim_written_whose_answer_was_lost_passes_again_for_its_own_try_alone(fields: ClaimFields,
+                                                                                  make: Any) -> None:
+    """Given a claim (and later a take-over) written but whose answer was lost, When the same
+    try sends it again (its token), Then it passes; a concurrent delivery's own try (another
+    token, the same startedBy) does not, so two tries never both start the task."""
+    with world() as w:
+        unclaimed = make(w)
+        now = w.now[0]
+        assert w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60, "tok-a")
+        assert w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60, "tok-a")  # sent again
+        assert not w.repo.node_tasks.claim(fields, unclaimed, "claim-1", now, now + 60, "tok-b")
+        claimed = read(w)
+        w.advance(600)
+        assert w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60, "tok-c")
+        assert w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60, "tok-c")
+        assert not w.repo.node_tasks.take_over(fields, claimed, w.now[0], w.now[0] + 60, "tok-d")
+        assert not w.repo.node_tasks.claim(fields, claimed, "claim-1", now, now + 60, "tok-a")  # taken over
+        assert the_claim(fields, read(w)) == ("claim-1", w.now[0], "")
+        assert w.repo.node_tasks.release(fields, read(w), "claim-1", w.now[0] + 60)
+        assert w.repo.node_tasks.claim(fields, read(w), "claim-2", w.now[0], w.now[0] + 60, "tok-e")
 
 
 @pytest.mark.parametrize(("fields", "make"), KINDS)
@@ -74,7 +98,7 @@ def test_a_recorded_task_is_the_claim_s_and_is_never_released_as_not_started(fie
     with world() as w:
         now = w.now[0]
         claimed = make(w)
-        assert w.repo.node_tasks.claim(fields, claimed, "claim-1", now, now + 60)
+        assert w.repo.node_tasks.claim(fields, claimed, "claim-1", now, now + 60, "tok-5")
         claimed = read(w)
         assert not w.repo.node_tasks.record(fields, claimed, "claim-other", "arn:task", now + 120)
         assert w.repo.node_tasks.record(fields, claimed, "claim-1", "arn:task", now + 120)
@@ -120,7 +144,7 @@ def test_no_write_holds_once_what_the_claim_served_moved_on(fields: ClaimFields,
         now = w.now[0]
         before = make(w)
         moved_on(w, before)
-        assert not w.repo.node_tasks.claim(fields, before, "claim-1", now, now + 60)
+        assert not w.repo.node_tasks.claim(fields, before, "claim-1", now, now + 60, "tok-6")
         assert not w.repo.node_tasks.rearm(fields, before, now + 60)
         assert fields.read(read(w)).started_by == ""
 
@@ -139,11 +163,12 @@ def test_a_health_check_s_dead_claim_is_taken_over_once_its_lease_ends_and_keeps
     with world() as w:
         claimed_at = w.now[0]
         held = checking(w)
-        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)  # leased
+        # leased:
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75, "tok-7")
         w.advance(100)
-        assert w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75, "tok-8")
         # the loser:
-        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75, "tok-9")
         taken = read(w)
         assert the_claim(stored.HEALTH_CHECK, taken) == ("claim-1", claimed_at, "")
         assert taken.check.lease_until == w.now[0] + 75 and taken.deadline_at == w.now[0] + 75
@@ -153,7 +178,8 @@ def test_a_health_check_s_dead_claim_is_taken_over_once_its_lease_ends_and_keeps
         assert the_claim(stored.HEALTH_CHECK, running) == ("claim-1", claimed_at, "arn:hc")
         assert running.check.lease_until is None and running.deadline_at == w.now[0] + 300
         w.advance(600)
-        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75)
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, running, w.now[0], w.now[0] + 75,
+                                               "tok-10")
 
 
 def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> None:
@@ -162,7 +188,7 @@ def test_no_health_check_claim_write_holds_once_the_node_left_its_check() -> Non
         held = checking(w)
         node(w)  # the verdict: REBOOTING
         w.advance(100)
-        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75)
+        assert not w.repo.node_tasks.take_over(stored.HEALTH_CHECK, held, w.now[0], w.now[0] + 75, "tok-11")
         assert not w.repo.node_tasks.record(stored.HEALTH_CHECK, held, "claim-1", "arn:hc", w.now[0] + 300)
         assert read(w).state is InstanceState.REBOOTING and read(w).check.task_arn == ""
 
@@ -211,13 +237,14 @@ def test_a_new_kind_is_one_declaration_its_claim_read_the_one_way(monkeypatch: p
     KINDS, When its claim is made, its task recorded and the claim given back, Then the node
     read back holds it in ``Instance.tasks`` under its kind, beside the others', with nothing
     added to the instance's model or to the item's reader."""
-    nic = ClaimFields("nic_check", "nic_started_by", "nic_claimed_at", "nic_task_arn", lambda _: ("", {}, {}))
+    nic = ClaimFields("nic_check", "nic_started_by", "nic_claimed_at", "nic_task_arn", "nic_claim_token",
+                      lambda _: ("", {}, {}))
     monkeypatch.setattr(stored, "KINDS", (*stored.KINDS, nic))
     with world() as w:
         now = w.now[0]
         instance = resetting(w, reset_started_by="claim-r", reset_claimed_at=now - 5)
         assert instance.task("nic_check") == NO_CLAIM
-        assert w.repo.node_tasks.claim(nic, instance, "claim-n", now, now + 75)
+        assert w.repo.node_tasks.claim(nic, instance, "claim-n", now, now + 75, "tok-12")
         assert w.repo.node_tasks.record(nic, read(w), "claim-n", "arn:nic", now + 120)
         assert the_claim(nic, read(w)) == ("claim-n", now, "arn:nic")
         assert the_claim(stored.GPU_RESET, read(w)) == ("claim-r", now - 5, "")

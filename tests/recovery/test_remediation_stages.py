@@ -125,6 +125,25 @@ def test_a_termination_whose_answer_was_lost_is_looked_up_not_repeated() -> None
         assert "terminate_pending" not in inst
 
 
+def test_a_termination_claim_whose_answer_was_lost_is_the_same_try_s() -> None:
+    """Given replace_action terminate_in_asg, When the termination's claim was written but its
+    answer lost, Then the same delivery sends it again with its own token and terminates the
+    node at once (it does not wait out the claim's lease), once."""
+    replace = RemediationSettings(replace_action="terminate_in_asg")
+    with world(remediation=replace) as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        report_xid(w, FAULTY, 64)
+        w.repo.fail_once("reboots.claim_termination", "lose")
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert w.replacer.terminated == [f"i-{FAULTY}"]
+        inst = w.repo.instances.get_instance_item(FAULTY)
+        assert "terminating" in inst["terminate_result"] and "terminate_claim_token" not in inst
+        for _ in range(3):
+            w.advance(61)
+            w.service.sweep()
+        assert w.replacer.terminated == [f"i-{FAULTY}"]
+
+
 # --- gaps closed after the audit: every automatic quarantine asks the breaker and the mode --
 
 

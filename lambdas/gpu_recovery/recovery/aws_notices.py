@@ -59,8 +59,9 @@ from gpu_recovery.domain.remediation_mode import Effect
 from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState, system_stop_reason
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.cordons import Cordons
-from gpu_recovery.recovery.deadline_calls import stop_first, twice
+from gpu_recovery.recovery.deadline_calls import stop_first
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import (
     ListsContainerInstances,

@@ -1,7 +1,7 @@
 """Calls made against a deadline AWS sets (a node it takes away: ``recovery.aws_notices``).
 
 The sweep's minute and a delivery's retry may both come too late, so a failed call is tried
-again at once (:func:`twice`), and the ranks on the node AWS takes are asked to stop before
+again at once (``once_more.twice``), and the ranks on the node AWS takes are asked to stop before
 their gang's others (:func:`stop_first`): the deadline is theirs alone, and a large gang's stop
 is paced by the stack's ECS budget (8,192 ranks take minutes).
 """
@@ -9,19 +9,18 @@ is paced by the stack's ECS budget (8,192 ranks take minutes).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import system_stop_reason
+from gpu_recovery.once_more import twice
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 
 class StopMarks(Protocol):
@@ -30,19 +29,6 @@ class StopMarks(Protocol):
 
 class TaskStopper(Protocol):
     def stop_task(self, task_arn: str, reason: str) -> None: ...
-
-
-def twice(step: Callable[[], _T], *, done: Callable[[_T], bool] = lambda _: True,
-          retry_on: tuple[type[Exception], ...] = (ClientError, BotoCoreError)) -> _T:
-    """``step`` tried again at once when a call of it fails (or its result is not ``done``).
-    The second try's failure is raised; every step given is idempotent."""
-    try:
-        first = step()
-        if done(first):
-            return first
-    except retry_on as error:
-        logger.warning("a call failed: tried again at once", extra={"error": str(error)})
-    return step()
 
 
 def stop_first(ranks: Iterable[Rank], why: str, marks: StopMarks, ecs: TaskStopper, *,

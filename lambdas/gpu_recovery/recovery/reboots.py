@@ -63,6 +63,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.domain.validation import Repair, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang import GangOps
@@ -165,10 +166,8 @@ class Reboots:
         else:
             return progress.value.lower()
         token = secrets.token_hex(8)
-        try:
-            claimed = claim(instance, now, token)
-        except Exception:  # its answer may be lost, the claim written: the token passes again
-            claimed = claim(instance, now, token)
+        # Its answer may be lost, the claim written: the token passes again.
+        claimed = twice(partial(claim, instance, now, token), retry_on=(Exception,))
         if not claimed:
             return "raced"
         try:
@@ -210,7 +209,9 @@ class Reboots:
         call is repeated; the result is recorded after."""
         now = clock.now()
         retaken = instance.terminate_claimed_at is not None
-        if not self.records.claim_termination(instance, now, CLAIM_LEASE_SECONDS):
+        # Its answer may be lost, the claim written: the token passes again.
+        if not twice(partial(self.records.claim_termination, instance, now, CLAIM_LEASE_SECONDS,
+                             secrets.token_hex(8)), retry_on=(Exception,)):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
         found = self.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None

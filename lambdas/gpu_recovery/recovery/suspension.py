@@ -42,7 +42,8 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.states import JobState
 from gpu_recovery.domain.time_sharing import SuspendKind, priority_name, suspend_record
-from gpu_recovery.recovery.deadline_calls import TaskStopper, stop_first, twice
+from gpu_recovery.once_more import twice
+from gpu_recovery.recovery.deadline_calls import TaskStopper, stop_first
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.notices import Notices

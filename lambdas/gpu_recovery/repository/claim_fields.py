@@ -35,6 +35,9 @@ class ClaimFields:
     started_by: str
     claimed_at: str
     task_arn: str
+    # The token of the claim's last claimer (or taker), random per try: its condition passes
+    # again for that try alone, so a write whose answer was lost is not read as raced.
+    token: str
     scope: Callable[[Instance], Condition]
     attempts: str = ""  # a task that ended without a verdict is counted here ("": not counted)
     state: InstanceState = InstanceState.REBOOTING  # the node's state while the claim is held
@@ -44,9 +47,9 @@ class ClaimFields:
     lease_until: str = ""
 
     @property
-    def paths(self) -> tuple[str, str, str]:
-        """The claim's three attribute paths (what a new claim or decision clears)."""
-        return self.started_by, self.claimed_at, self.task_arn
+    def paths(self) -> tuple[str, str, str, str]:
+        """The claim's attribute paths (what a new claim or decision clears)."""
+        return self.started_by, self.claimed_at, self.task_arn, self.token
 
     def from_item(self, item: Mapping[str, Any]) -> TaskClaim:
         """The claim as the (plain, ``from_ddb``) item stores it."""
@@ -102,9 +105,12 @@ class ClaimFields:
 
 
 def both(first: Condition, second: Condition) -> Condition:
-    """Two conditions that must both hold (either may be "": none)."""
-    return (" AND ".join(part for part in (first[0], second[0]) if part), {**first[1], **second[1]},
-            {**first[2], **second[2]})
+    """Two conditions that must both hold (either may be "": none; one with an OR is
+    parenthesized beside the other, which DynamoDB's AND would otherwise bind first)."""
+    parts = [part for part in (first[0], second[0]) if part]
+    if len(parts) > 1:
+        parts = [f"({part})" if " OR " in part else part for part in parts]
+    return " AND ".join(parts), {**first[1], **second[1]}, {**first[2], **second[2]}
 
 
 def names_of(path: str, tag: str) -> tuple[str, dict[str, str]]:
@@ -130,15 +136,17 @@ def _check(instance: Instance) -> Condition:
     return "", {}, {}
 
 
-GPU_RESET = ClaimFields(GPU_RESET_TASK, "reset_started_by", "reset_claimed_at", "reset_task_arn", _decision)
+GPU_RESET = ClaimFields(GPU_RESET_TASK, "reset_started_by", "reset_claimed_at", "reset_task_arn",
+                        "reset_claim_token", _decision)
 # A validation after repair (REBOOTING), or a lost node's check once its ECS agent reconnected
 # (SUSPECT, ``recovery.lost_node_checks``): the same task and claim, on its ``validation``.
 VALIDATION = ClaimFields(VALIDATION_TASK, "validation.started_by", "validation.claimed_at",
-                         "validation.task_arn", _validation, attempts="validation.attempts",
-                         also_states=(InstanceState.SUSPECT,))
+                         "validation.task_arn", "validation.claim_token", _validation,
+                         attempts="validation.attempts", also_states=(InstanceState.SUSPECT,))
 # Its time runs from its claim (``hc_claimed_at``), its lease is kept apart.
-HEALTH_CHECK = ClaimFields(HEALTH_CHECK_TASK, "hc_started_by", "hc_claimed_at", "hc_task_arn", _check,
-                           attempts="hc_start_attempts", state=InstanceState.HEALTH_CHECKING,
+HEALTH_CHECK = ClaimFields(HEALTH_CHECK_TASK, "hc_started_by", "hc_claimed_at", "hc_task_arn",
+                           "hc_claim_token", _check, attempts="hc_start_attempts",
+                           state=InstanceState.HEALTH_CHECKING,
                            lease_until="hc_lease_until")
 KINDS = (HEALTH_CHECK, GPU_RESET, VALIDATION)
 

@@ -53,6 +53,7 @@ import random
 import secrets
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -71,6 +72,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.shards import shard_order, shard_shares
 from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.once_more import twice
 from gpu_recovery.repository.base import Update
 
 logger = logging.getLogger(__name__)
@@ -167,11 +169,7 @@ class HealthCheckSlots:
 
     def _apply_once_more_if_lost(self, update: Update) -> bool:
         """A write whose condition its own token passes: sent again when its answer is lost."""
-        try:
-            return bool(self.base.db.apply(update))
-        except (ClientError, BotoCoreError):
-            logger.warning("health-check slot write unanswered: sending it again", exc_info=True)
-            return bool(self.base.db.apply(update))
+        return bool(twice(partial(self.base.db.apply, update)))
 
     def _let_go(self, table: str, key: dict[str, str], token: str) -> None:
         """The token no longer among the item's holders (idempotent)."""

@@ -42,8 +42,8 @@ class HealthCheckRepository:
                         **({"hc_grouped": True} if grouped else {})},
             add_to_sets={"hc_jobs": {job_id}},
             # A lost node's own check (SUSPECT, ``validation``) gives way to the job's.
-            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", "waiting_jobs", "validation",
-                           *([] if grouped else ["hc_grouped"])],
+            remove_fields=["hc_task_arn", "hc_started_by", "hc_lease_until", CHECK_CLAIM.token,
+                           "waiting_jobs", "validation", *([] if grouped else ["hc_grouped"])],
             deadline_at=retry_at,
         ))
 

@@ -25,6 +25,8 @@ AGENT_OUTAGE_ATTRIBUTES = ("disconnected_at", "disconnected_version", "disconnec
 #: A reboot's claim (``repository.reboots``): when, and its claimer's token.
 REBOOT_CLAIM_TOKEN = "reboot_claim_token"
 REBOOT_CLAIM_ATTRIBUTES = ("reboot_claimed_at", REBOOT_CLAIM_TOKEN)
+#: A replacement's termination claim's claimer token (``repository.reboots``).
+TERMINATE_CLAIM_TOKEN = "terminate_claim_token"
 #: What a new reboot request forgets of the last reboot: its claim, its answer, its outage.
 PAST_REBOOT_ATTRIBUTES = (*REBOOT_CLAIM_ATTRIBUTES, "reboot_issued_at", *AGENT_OUTAGE_ATTRIBUTES)
 

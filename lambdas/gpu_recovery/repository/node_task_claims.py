@@ -44,19 +44,29 @@ class NodeTaskClaims:
             extra_condition=condition or None, extra_values=values, extra_names=names, **changes)
 
     def claim(self, fields: ClaimFields, instance: Instance, started_by: str, now: float,
-              lease_until: float) -> bool:
+              lease_until: float, token: str) -> bool:
         """The intent to start the task (one claimer), committed before StartTask; the sweep
-        looks at it at ``lease_until`` (its claimer may have died)."""
+        looks at it at ``lease_until`` (its claimer may have died). The claimer's ``token``
+        passes again: a claim written whose answer was lost is the claimer's on its next try."""
         sb, names = names_of(fields.started_by, "sb")
         return self.db.apply(self.claim_update(
-            fields, instance, f"attribute_not_exists({sb})", {}, names,
-            set_fields={fields.started_by: started_by, fields.claimed_at: now}, deadline_at=lease_until))
+            fields, instance, *self._or_own(fields, f"attribute_not_exists({sb})", {}, names, token),
+            set_fields={fields.started_by: started_by, fields.claimed_at: now, fields.token: token},
+            deadline_at=lease_until))
+
+    @staticmethod
+    def _or_own(fields: ClaimFields, claim: str, values: dict[str, Any], names: dict[str, str],
+                token: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+        """``claim``, or the claim already this try's (its ``token``)."""
+        tk, tk_names = names_of(fields.token, "tk")
+        return f"({claim}) OR {tk} = :tk", {**values, ":tk": token}, {**names, **tk_names}
 
     def take_over(self, fields: ClaimFields, instance: Instance, now: float,
-                  lease_until: float) -> bool:
+                  lease_until: float, token: str) -> bool:
         """A claim whose task was never recorded (its claimer died, or StartTask's answer was
         lost) and whose lease has ended: the taker looks the task up by its startedBy before
-        starting one. One taker wins: the lease, as read, is the condition."""
+        starting one. One taker wins: the lease, as read, is the condition (or the taker's
+        own ``token``, as :meth:`claim`'s)."""
         sb, sb_names = names_of(fields.started_by, "sb")
         ta, ta_names = names_of(fields.task_arn, "ta")
         lease_values: dict[str, Any]
@@ -69,9 +79,11 @@ class NodeTaskClaims:
             ended = f"{lease} = :ca"
             lease_values, renewed = {":ca": fields.read(instance).claimed_at}, {fields.claimed_at: now}
         return self.db.apply(self.claim_update(
-            fields, instance, f"{sb} = :sb AND attribute_not_exists({ta}) AND {ended}",
-            {":sb": fields.read(instance).started_by, **lease_values},
-            {**sb_names, **ta_names, **lease_names}, set_fields=renewed, deadline_at=lease_until))
+            fields, instance, *self._or_own(
+                fields, f"{sb} = :sb AND attribute_not_exists({ta}) AND {ended}",
+                {":sb": fields.read(instance).started_by, **lease_values},
+                {**sb_names, **ta_names, **lease_names}, token),
+            set_fields={**renewed, fields.token: token}, deadline_at=lease_until))
 
     def release(self, fields: ClaimFields, instance: Instance, started_by: str, retry_at: float, *,
                 attempt_used: bool = False) -> bool:
@@ -93,8 +105,8 @@ class NodeTaskClaims:
             ta, ta_names = names_of(fields.task_arn, "ta")
             claim, names = f"{claim} AND attribute_not_exists({ta})", {**names, **ta_names}
         counted = attempt_used if counted is None else counted
-        removed = [*(fields.paths if attempt_used else fields.paths[:2]),
-                   *([fields.lease_until] if fields.lease_until else []), *also_removed]
+        # (No task recorded when the attempt was not used: its ARN's removal does nothing.)
+        removed = [*fields.paths, *([fields.lease_until] if fields.lease_until else []), *also_removed]
         return self.claim_update(
             fields, instance, claim, {":sb": started_by}, names, remove_fields=removed,
             increments={fields.attempts: 1} if counted and fields.attempts else None, deadline_at=retry_at,

@@ -17,7 +17,12 @@ from gpu_recovery import clock
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 from gpu_recovery.repository.base import Update
-from gpu_recovery.repository.instances import REBOOT_CLAIM_ATTRIBUTES, REBOOT_CLAIM_TOKEN, Instances
+from gpu_recovery.repository.instances import (
+    REBOOT_CLAIM_ATTRIBUTES,
+    REBOOT_CLAIM_TOKEN,
+    TERMINATE_CLAIM_TOKEN,
+    Instances,
+)
 
 
 class RebootRepository:
@@ -46,16 +51,19 @@ class RebootRepository:
             clear_deadline=not terminate_next, extra_condition="attribute_exists(#dp)",
             extra_names={"#dp": "drain_pending"}), *sync])
 
-    def claim_termination(self, instance: Instance, now: float, lease_seconds: float) -> bool:
+    def claim_termination(self, instance: Instance, now: float, lease_seconds: float, token: str) -> bool:
         """The intent to call TerminateInstanceInAutoScalingGroup, committed before the call;
         a claim older than the lease (its holder died) may be taken over, and the taker
-        looks the instance up before calling again."""
+        looks the instance up before calling again. The claimer's ``token`` passes again: a
+        claim written whose answer was lost is the claimer's on its next try."""
         return self.db.apply(self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.QUARANTINED],
-            set_fields={"terminate_claimed_at": now},
-            extra_condition="attribute_exists(#tp) AND (attribute_not_exists(#tc) OR #tc < :stale)",
-            extra_values={":stale": now - lease_seconds},
-            extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at"},
+            set_fields={"terminate_claimed_at": now, TERMINATE_CLAIM_TOKEN: token},
+            extra_condition="attribute_exists(#tp) AND "
+                            "(attribute_not_exists(#tc) OR #tc < :stale OR #tk = :tk)",
+            extra_values={":stale": now - lease_seconds, ":tk": token},
+            extra_names={"#tp": "terminate_pending", "#tc": "terminate_claimed_at",
+                         "#tk": TERMINATE_CLAIM_TOKEN},
         ))
 
     def record_termination(self, inst_id: str, result: str, now: float,
@@ -67,7 +75,7 @@ class RebootRepository:
             inst_id, from_states=[InstanceState.QUARANTINED],
             set_fields={"terminate_result": result[:300], "terminated_at": now,
                         **({"replacement_watch": watch} if watch else {})},
-            remove_fields=["terminate_pending"], clear_deadline=not watch,
+            remove_fields=["terminate_pending", TERMINATE_CLAIM_TOKEN], clear_deadline=not watch,
             deadline_at=now + 60 if watch else None,
             extra_condition="attribute_exists(#tp)", extra_names={"#tp": "terminate_pending"},
         ))
