@@ -2,13 +2,15 @@
 intents, written the one way for every kind (:class:`NodeTaskClaims`) over where each kind
 keeps it on the instance item (``claim_fields``).
 
-A claim is three attributes: its ``startedBy`` (committed before StartTask, deterministic
-per claim), when it was claimed (its lease runs from there) and the task's ARN (recorded
-after StartTask answered). Each write is conditional on the claim's scope (the node decision
-or the validation the task serves: a claim of a decision since replaced never moves) and on
-the claim itself, so a delivery that died between two writes is finished by the next one or
-by the sweep, never repeated; a write that must hold only on the claim as read (a failed
-validation's decision, its stall) takes its condition from the declaration (``held``).
+A claim is four attributes: its ``startedBy`` (committed before StartTask, deterministic
+per claim), when it was claimed (its lease runs from there), the task's ARN (recorded
+after StartTask answered) and its claimer's token (random per try: a claim or take-over
+whose answer was lost passes again for that try alone). Each write is conditional on the
+claim's scope (the node decision or the validation the task serves: a claim of a decision
+since replaced never moves) and on the claim itself, so a delivery that died between two
+writes is finished by the next one or by the sweep, never repeated; a write that must hold
+only on the claim as read (a failed validation's decision, its stall) takes its condition
+from the declaration (``held``).
 
 The health check's claim is declared too (``HEALTH_CHECK``): its task is recorded, a dead
 claim taken over and a claim given back by the same intents (its release, ``release_update``,
