@@ -7,6 +7,7 @@ claimer's at once instead of "raced" until its lease ends.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -28,3 +29,11 @@ def twice(step: Callable[[], _T], *, done: Callable[[_T], bool] = lambda _: True
     except retry_on as error:
         logger.warning("a call failed: tried again at once", extra={"error": str(error)})
     return step()
+
+
+def claimed_with_token(claim: Callable[[str], bool]) -> bool:
+    """``claim`` made with its claimer's token, random per try, and sent once more when it
+    raises: its answer may be lost, the claim written, and the token passes its condition
+    again. Any failure is tried again (the test world's lost answer is a plain exception)."""
+    token = secrets.token_hex(8)
+    return twice(lambda: claim(token), retry_on=(Exception,))

@@ -23,7 +23,6 @@ task within its time the one way (:meth:`NodeTasks.follow`).
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -45,7 +44,7 @@ from gpu_recovery.constants import (
 from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.models import Instance, Rank, family_of
 from gpu_recovery.events.ecs import EcsTaskDetail
-from gpu_recovery.once_more import twice
+from gpu_recovery.once_more import claimed_with_token
 from gpu_recovery.recovery.ports import MetricsPort, Outcome
 from gpu_recovery.recovery.task_starts import StartsTasks, TaskRequest, start_once, started_already
 from gpu_recovery.repository import claim_fields as stored
@@ -184,9 +183,8 @@ class NodeTasks:
             self.rearm(kind, instance, min(stage.deadline(instance), now + RETRY_INTERVAL_SECONDS))
             return f"{kind.outcome}_waiting_for_gpus"
         started_by = stage.new_started_by(instance)
-        # Its answer may be lost, the claim written: the token passes again.
-        if not twice(partial(self.claims.claim, fields, instance, started_by, now, now + CLAIM_LEASE_SECONDS,
-                             secrets.token_hex(8)), retry_on=(Exception,)):
+        if not claimed_with_token(partial(self.claims.claim, fields, instance, started_by, now,
+                                          now + CLAIM_LEASE_SECONDS)):
             return "raced"
         return stage.start_task(fields.claimed(instance, started_by, now), started_by)
 
@@ -206,8 +204,8 @@ class NodeTasks:
         fields = kind.claim
         if not fields.lease_ended(instance, now, CLAIM_LEASE_SECONDS):
             return TakeOver("claimed")
-        if not twice(partial(self.claims.take_over, fields, instance, now, now + CLAIM_LEASE_SECONDS,
-                             secrets.token_hex(8)), retry_on=(Exception,)):
+        if not claimed_with_token(partial(self.claims.take_over, fields, instance, now,
+                                          now + CLAIM_LEASE_SECONDS)):
             return TakeOver("raced")
         started_by, node = fields.read(instance).started_by, instance.container_inst_id
         found = started_already(self.ecs, started_by, [node],

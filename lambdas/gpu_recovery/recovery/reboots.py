@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
@@ -63,7 +62,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.domain.validation import Repair, replacement_watch
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail
-from gpu_recovery.once_more import twice
+from gpu_recovery.once_more import claimed_with_token
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.gang import GangOps
@@ -165,10 +164,7 @@ class Reboots:
             claim = self.records.take_over_claim
         else:
             return progress.value.lower()
-        token = secrets.token_hex(8)
-        # Its answer may be lost, the claim written: the token passes again.
-        claimed = twice(partial(claim, instance, now, token), retry_on=(Exception,))
-        if not claimed:
+        if not claimed_with_token(partial(claim, instance, now)):
             return "raced"
         try:
             path = self.rebooter.reboot(
@@ -209,9 +205,8 @@ class Reboots:
         call is repeated; the result is recorded after."""
         now = clock.now()
         retaken = instance.terminate_claimed_at is not None
-        # Its answer may be lost, the claim written: the token passes again.
-        if not twice(partial(self.records.claim_termination, instance, now, CLAIM_LEASE_SECONDS,
-                             secrets.token_hex(8)), retry_on=(Exception,)):
+        if not claimed_with_token(partial(self.records.claim_termination, instance, now,
+                                          CLAIM_LEASE_SECONDS)):
             return "in_flight"
         ec2_id = self.ranks.ec2_instance_id(instance)
         found = self.replacer.groups_of([ec2_id]).get(ec2_id) if ec2_id.startswith("i-") else None
