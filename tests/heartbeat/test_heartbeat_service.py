@@ -17,6 +17,7 @@ from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.fault_catalog import load_catalog
 from gpu_recovery.domain.heartbeat_policy import (
     BACKSTOP_MARGIN_SECONDS,
+    BACKSTOP_RECHECK_SECONDS,
     MIN_DISCONNECT_CONFIRM_SECONDS,
     ReportedTask,
 )
@@ -421,6 +422,58 @@ def test_a_lost_node_is_unreachable_only_when_a_later_reading_confirms_it(world)
     assert world.instance_state(NODE) is InstanceState.QUARANTINED and len(loop.ecs.drained) == 1
     [entry] = world.node_item(NODE)["fault_history"]
     assert (entry["cause"], entry["executed"]) == ("builtin:node-unreachable", True)
+
+
+def _first_reading_then_no_heartbeat_sweep(world) -> tuple[RecoveryLoop, float]:
+    """j1 NODE_LOST on NODE (both agents silent), its ECS agent read disconnected once; then no
+    heartbeat sweep comes (each failed: ``node_lost`` at 8 %, seed 347). Returns when the
+    recovery sweep's backstop is due: the hand-over's time and its margin past."""
+    world.seed_job("j1", world_size=1)
+    loop = RecoveryLoop(world)
+    _lose(world, loop.heartbeat)
+    world.clock.advance(601)
+    loop.heartbeat.sweep()
+    escalate_at = float(world.item("j1#JOB")["heartbeat_escalate_at"])
+    world.clock.advance(escalate_at + BACKSTOP_MARGIN_SECONDS + 10 - world.clock())
+    return loop, escalate_at
+
+
+def test_the_backstop_hands_no_node_ecs_reads_disconnected_to_a_check(world) -> None:
+    """Given a lost node's first disconnected reading and no heartbeat sweep after it, When the
+    recovery sweep's backstop comes and ECS still reads the node's agent disconnected, Then the
+    job is not handed to a DCGM check (ECS cannot place one there: it would end undiagnosed and
+    leave the dead node AVAILABLE); it waits, looked at again, and the heartbeat sweep's second
+    reading, when one comes, quarantines the node as unreachable."""
+    loop, _ = _first_reading_then_no_heartbeat_sweep(world)
+    for _ in range(3):
+        loop.service.sweep()
+        assert world.job_state("j1") is JobState.NODE_LOST, world.item("j1#JOB")["history"]
+        assert float(world.item("j1#JOB")["deadline_at"]) > world.clock()
+        world.clock.advance(BACKSTOP_MARGIN_SECONDS)
+    assert loop.ecs.start_calls == [] and loop.ecs.described.count(NODE) == 3
+    assert loop.heartbeat.sweep().failed == ["j1"]
+    assert world.instance_state(NODE) is InstanceState.QUARANTINED
+    assert [m.kind for m in world.notifier.sent] == [NotificationKind.NODE_LOST]
+
+
+def test_the_backstop_hands_a_node_over_when_ecs_reads_its_agent_back(world) -> None:
+    """Given the same, When the backstop finds the node's ECS agent connected, Then the job goes
+    to its node's check as before."""
+    loop, _ = _first_reading_then_no_heartbeat_sweep(world)
+    loop.ecs.agent_connected[NODE] = True
+    loop.service.sweep()
+    assert world.job_state("j1") is JobState.PENDING_HEALTHCHECK, world.item("j1#JOB")["history"]
+
+
+def test_the_backstop_hands_a_node_over_after_an_hour_without_a_heartbeat_decision(world) -> None:
+    """Given the same, ECS reading the agent disconnected all along, When no heartbeat sweep has
+    decided the node an hour after the hand-over's time, Then the backstop hands the job over."""
+    loop, escalate_at = _first_reading_then_no_heartbeat_sweep(world)
+    loop.service.sweep()
+    assert world.job_state("j1") is JobState.NODE_LOST
+    world.clock.advance(escalate_at + BACKSTOP_RECHECK_SECONDS + 1 - world.clock())
+    loop.service.sweep()
+    assert world.job_state("j1") is JobState.PENDING_HEALTHCHECK, world.item("j1#JOB")["history"]
 
 
 def test_a_connected_reading_makes_the_next_disconnected_one_a_first_reading_again(world) -> None:

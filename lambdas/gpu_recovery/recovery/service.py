@@ -181,7 +181,8 @@ class RecoveryService:
                              aws_notices=self.aws_notices,
                              suspects=self.suspects, settlement=settlement, resets=resets, cordons=cordons,
                              holds=holds, notices=notices, metrics=self._metrics, settings=settings,
-                             launches=self.launches, live_after_lost_stops=self.live_after_lost_stops)
+                             launches=self.launches, live_after_lost_stops=self.live_after_lost_stops,
+                             ecs=ecs)
         reactions.declare(self._reactions())
 
     def _reactions(self) -> list[tuple[type, Handler]]:

@@ -21,7 +21,11 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_SK, RETRY_INTERVAL_SECONDS
-from gpu_recovery.domain.heartbeat_policy import BACKSTOP_MARGIN_SECONDS, backstop_deadline
+from gpu_recovery.domain.heartbeat_policy import (
+    BACKSTOP_MARGIN_SECONDS,
+    BACKSTOP_RECHECK_SECONDS,
+    backstop_deadline,
+)
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.overdue import OverdueTally
@@ -102,6 +106,12 @@ class SweepData(HasJobs[SweepJobs], HasInstances[SweepNodes], Protocol):
     slots: HealthCheckSlots
 
 
+class ReadsEcsAgent(Protocol):
+    """ECS's word on a node's agent (the backstop's look before it hands a lost rank over)."""
+
+    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
+
+
 @dataclass(eq=False, repr=False)
 class Sweep:
     data: SweepData
@@ -130,6 +140,7 @@ class Sweep:
     # Of lost ranks, those whose task ECS describes STOPPED handled as their lost STOPPED
     # events; returns the others (``RecoveryService.live_after_lost_stops``).
     live_after_lost_stops: Callable[[list[Rank]], list[Rank]]
+    ecs: ReadsEcsAgent | None = None
 
     def run(self, time_left: Callable[[], float] | None = None) -> Outcome:
         now = clock.now()
@@ -435,11 +446,27 @@ class Sweep:
             fresh = self.data.jobs.get_job(job.job_id)
             if fresh is None or (fresh.state, fresh.attempt) != (job.state, job.attempt):
                 return "heartbeat_backstop_ended"
+        if job.state is JobState.NODE_LOST and now < float(escalate_at) + BACKSTOP_RECHECK_SECONDS \
+                and self._agent_disconnected(rank):
+            # A DCGM check cannot run where ECS cannot reach, so the hand-over would end
+            # undiagnosed and leave a dead node AVAILABLE: the heartbeat sweep's two readings
+            # decide this node (unreachable, or its ECS agent alone). Only a heartbeat sweep
+            # failing for an hour more has the check tried anyway.
+            self.data.deadlines.rearm_job(job, now + BACKSTOP_MARGIN_SECONDS)
+            return "heartbeat_waiting_agent_disconnected"
         reason = (f"rank {rank.rank} {job.state.value} on {rank.container_inst_id} past the time the "
                   "heartbeat sweep hands it to the recovery loop")
         outcome = self.faults.report_suspected_fault(job.job_id, job.attempt, rank.container_inst_id, reason,
                                                      rank.rank, from_states=[job.state])
         return f"heartbeat_backstop_{outcome.action}"
+
+    def _agent_disconnected(self, rank: Rank) -> bool:
+        """ECS reads the rank's node's agent disconnected (a node it does not know, or no
+        answer: False, the hand-over as before; a failed call is raised, looked at again)."""
+        if self.ecs is None:
+            return False
+        node = self.ecs.describe_container_instance(rank.container_instance_arn or rank.container_inst_id)
+        return node is not None and node.get("agentConnected") is False
 
     def _kick_checks(self, job: Job) -> None:
         """The job's health checks waiting for a slot (one may have been given back while
