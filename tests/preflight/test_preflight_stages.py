@@ -560,6 +560,33 @@ def test_a_job_whose_pins_the_stacks_check_cleared_twice_pins_nothing_more(w: Wo
     assert w.repo.jobs.get_job("j").state is JobState.RUNNING and w.rebooter.calls == []
 
 
+def test_a_pinned_node_whose_check_gave_no_verdict_is_no_clearance_of_the_tenants_word(w: World) -> None:
+    """Issue 49: the pinned nodes' checks never end (no verdict by the check's timeout): the
+    nodes leave their checks as they were and the job goes on, but nothing is counted against
+    the job's evidence (no SuspectsCleared, no clearance): a missing answer judges no one."""
+    metrics = _Recorded()
+    w.service.metrics = metrics
+    nodes = nodes_of(8)
+    queue_job(w, "j", nodes)
+    fabric = Fabric()
+    fabric.degrade_link("node-2", "node-5", 0.3, persistent=True)
+    assert set(Ranks(w, "j", nodes, fabric).run().values()) == {"stop"}
+    w.advance(61)
+    for arn in list(w.ecs.stop_calls):
+        w.service.on_task_state_change(w.task_stopped(arn, exit_code=143, stop_code="UserInitiated",
+                                                      reason="gpu-recovery: gang preflight pinned"))
+    w.service.sweep()
+    assert all(w.ecs.health_checks_on(node) for node in ("node-2", "node-5"))
+    for _ in range(40):  # past health_check_timeout_seconds, no check ever ends
+        w.advance(61)
+        w.service.sweep()
+    timeouts = [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+    assert len(timeouts) == 2, [n.kind for n in w.notifier.sent]
+    assert w.repo.jobs.get_job("j").attempt == 2
+    assert metrics.by == []
+    assert w.repo.tenant_evidence.cleared("job", "j", w.now[0], 86400) == 0
+
+
 def test_no_loopback_reported_anywhere_is_missing_evidence_not_a_job_or_node_fault(w: World) -> None:
     """Issue 49: every rank silent past the bound (the API unreachable, a wrapper hung) pins
     nothing and fails nothing: inconclusive, the job goes on."""

@@ -62,6 +62,11 @@ class RemediationPlan:
     blocked_by_breaker: bool = False
 
     @property
+    def undiagnosed(self) -> bool:
+        """The stack's own check gave no verdict (:func:`undiagnosed`): it cleared nothing."""
+        return self.decision.rule_id == UNDIAGNOSED_RULE
+
+    @property
     def needs_breaker(self) -> bool:
         """A node action is about to be carried out: ask the breaker first."""
         return self.action in NODE_ACTIONS and any(e in NODE_EFFECTS for e in self.execute)

@@ -31,7 +31,7 @@ from gpu_recovery.domain.job_budgets import JobBudgets, settle
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.policy import JobOutcome
 from gpu_recovery.domain.remediation_mode import Effect
-from gpu_recovery.domain.remediation_plan import UNDIAGNOSED_RULE, RemediationPlan, RemediationPolicy
+from gpu_recovery.domain.remediation_plan import RemediationPlan, RemediationPolicy
 from gpu_recovery.domain.states import JobState, SuspectVerdict
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
@@ -142,7 +142,7 @@ class JobSettlement:
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
-        if plan is not None and plan.decision.rule_id == UNDIAGNOSED_RULE:
+        if plan is not None and plan.undiagnosed:
             kind = Budget.NONE  # the stack's own check gave no verdict: not the job's to pay
         if (evidence is not None and evidence.trigger is Trigger.PREFLIGHT) or _opened_by_preflight(job):
             # Found by the gang preflight, before the attempt trained: the job lost no work

@@ -281,8 +281,9 @@ class NodeRemediation:
         if node_notice is not None:
             notices.append(node_notice(after, plan))
         # A suspect the stack's own check cleared: counted per evidence source, and per job and
-        # user when the evidence was the tenant's, with the decision (issue 49).
-        clearance = self.tenant_evidence.clearance(evidence, label, from_states)
+        # user when the evidence was the tenant's, with the decision (issue 49). A check that
+        # gave no verdict cleared nothing: the tenant's word is not judged by a missing answer.
+        clearance = None if plan.undiagnosed else self.tenant_evidence.clearance(evidence, label, from_states)
         also = self.notices.owe(notices, now)
         if clearance is not None:
             also += [*clearance.updates, *self.notices.owe([clearance.notice], now)]
