@@ -99,6 +99,44 @@ def test_a_check_that_cannot_be_placed_does_not_count_against_the_node() -> None
         assert [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
 
 
+def test_a_check_ecs_cannot_place_where_the_agent_is_away_leaves_a_suspect_for_its_own_check() -> None:
+    """Every placement of the check refused while ECS reads the node's agent disconnected (a node
+    that lost power, ECS answering AGENT): the node is no node to go back to, and no node to
+    condemn either. It leaves its check SUSPECT with the lost node's origin (no new queue work,
+    nothing in its history, no drain, reboot or breaker entry), marked for its events, the job
+    going on without spending a recovery, one e-mail saying so. When its agent is back the sweep's
+    look starts the stack's own check, whose pass returns it to AVAILABLE."""
+    from gpu_recovery.constants import GPU_VALIDATION_GROUP, LOST_NODE_ATTRIBUTE
+
+    with world(health_check_start_retries=2) as w:
+        w.ecs.failures["start_task"] = ["place_nothing"] * 10
+        w.ecs.agent_connected[FAULTY] = False
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        for _ in range(4):
+            w.advance(61)
+            w.service.sweep()
+        instance = w.repo.instances.get_instance(FAULTY)
+        assert instance.lost_node_suspect, instance.state
+        assert w.ecs.drained == [] and w.rebooter.calls == []
+        assert not (w.repo.instances.get_instance_item(FAULTY) or {}).get("fault_history")
+        assert LOST_NODE_ATTRIBUTE in w.ecs.attributes.get(FAULTY, set())
+        job = w.repo.jobs.get_job("j")
+        assert job.state is not JobState.FAILED and (job.recoveries_used, job.app_restarts_used) == (0, 0)
+        [told] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
+        assert "ECS agent is disconnected: flagged SUSPECT" in told.body
+
+        w.ecs.failures["start_task"] = []
+        w.ecs.agent_connected[FAULTY] = True
+        for _ in range(6):  # the lost node's look, every 5 minutes
+            w.advance(61)
+            w.service.sweep()
+        [check] = [t for t in w.ecs.tasks.values() if t.node == FAULTY and t.group == GPU_VALIDATION_GROUP]
+        passed = w.health_check_stopped(check, 0).model_copy(update={"group": GPU_VALIDATION_GROUP})
+        assert w.service.on_health_check_stopped(passed).action == "validation_passed"
+        assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
+
+
 class _ScriptLine:
     """The verdict line the real health-check script printed."""
 

@@ -52,6 +52,7 @@ from gpu_recovery.recovery.health_check_verdicts import (
     CheckVerdictData,
     HealthCheckVerdicts,
 )
+from gpu_recovery.recovery.lost_node_checks import LostNodeEcs
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
@@ -138,8 +139,12 @@ class CheckNodes(ReadsNodeItems, ReadsNode, RecordsObservedFaults, Protocol):
     """The node checked; a fault observed only."""
 
 
+class CheckEcs(StopsAndDescribesTasks, LostNodeEcs, Protocol):
+    """A check looked at or stopped; the node's agent read, and marked, when none gave a verdict."""
+
+
 class HealthChecks:
-    def __init__(self, data: HealthCheckData, records: HealthCheckRepository, ecs: StopsAndDescribesTasks,
+    def __init__(self, data: HealthCheckData, records: HealthCheckRepository, ecs: CheckEcs,
                  tasks: NodeTasks, reboots: Reboots, remediation: NodeRemediation, settlement: JobSettlement,
                  owed_notices: RemediationNotices, notices: Notices, *, verdicts: VerdictReaderPort,
                  leases: VerdictLeaseRepository, policy: RemediationPolicy, metrics: MetricsPort,
@@ -454,11 +459,23 @@ class HealthChecks:
 
     # -------------------------------------------------------------------- sweep
     def _undiagnosed(self, instance: Instance, what: str) -> str:
+        away = self.ecs if self._agent_away(instance) else None
         if not settle_undiagnosed(self.data, self.metrics, self.remediation, self.verdicts.evidence,
-                                  instance, what):
+                                  instance, what, agent_away=away):
             return "raced"
         self._kick_after_release(instance)
         return "health_check_undiagnosed"
+
+    def _agent_away(self, instance: Instance) -> bool:
+        """ECS reads the node's agent disconnected (no answer, or a node it does not know: no)."""
+        inst_id = instance.container_inst_id
+        try:
+            node = self.ecs.describe_container_instance(instance.container_instance_arn or inst_id)
+        except Exception as error:
+            logger.warning("the node's ECS agent not read: left as it was", extra={
+                "instance": inst_id, "error": str(error)})
+            return False
+        return node is not None and node.get("agentConnected") is False
 
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is

@@ -8,6 +8,12 @@ as it was before it (AVAILABLE, its suspect fence answered, nothing in its fault
 operator is e-mailed, and each waiting job goes on as its fault's tally says (restart, or
 relocate when another node of the fault was found unusable) without spending any budget. A
 node that is really faulty fails its job again: the next check judges it.
+
+A node ECS reads with its agent disconnected when its check ends so (ECS refused to place
+the check, AGENT, or lost its task) is no node to go back to: it leaves its check SUSPECT with the
+lost node's origin instead, a suspect for the stack's own check and no more (nothing in its
+history, nothing for the breaker), which runs when its agent reconnects and returns it
+(``recovery.lost_node_checks``). A missing answer from ECS leaves it AVAILABLE as before.
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ from typing import Any, Protocol
 from gpu_recovery import clock
 from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain.evidence import Evidence
-from gpu_recovery.domain.models import Instance, Job
+from gpu_recovery.domain.models import LOST_NODE_ORIGIN, Instance, Job
 from gpu_recovery.domain.remediation_plan import RemediationPlan, undiagnosed
 from gpu_recovery.domain.states import InstanceState
+from gpu_recovery.recovery.lost_node_checks import LOOK_SECONDS, MarksNodes, mark_quietly
 from gpu_recovery.recovery.notices import Owed
-from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.recovery.ports import MetricsPort, after_commit
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNodeItems
+from gpu_recovery.repository.node_decisions import SuspectFlag
 
 
 class CheckReads(HasJobs[ReadsJob], HasInstances[ReadsNodeItems], Protocol):
@@ -33,11 +41,16 @@ class CheckReads(HasJobs[ReadsJob], HasInstances[ReadsNodeItems], Protocol):
 
 def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: NodeRemediation,
                        evidence_of: Callable[[Instance, dict[str, Any], list[Job]], Evidence],
-                       instance: Instance, what: str) -> bool:
+                       instance: Instance, what: str, *, agent_away: MarksNodes | None = None) -> bool:
     """End ``instance``'s check without a verdict (``what``: why there is none); False when it
     moved on meanwhile or kept losing races. ``evidence_of``: the fault's evidence as the
-    check's verdict would have read it."""
+    check's verdict would have read it; ``agent_away``: ECS reads the node's agent
+    disconnected (the port its lost-node mark is put through)."""
     inst_id = instance.container_inst_id
+    away = f"{inst_id}'s ECS agent is disconnected: flagged SUSPECT (no new queue work) until it " \
+           "reconnects and the stack's own check passes it"
+    flag = SuspectFlag(f"{away}; {what}", LOST_NODE_ORIGIN, clock.now() + LOOK_SECONDS) \
+        if agent_away is not None else None
     for _ in range(3):  # a job that joined meanwhile: read and decide again
         raw = data.instances.get_instance_item(inst_id)
         if raw is None:
@@ -61,8 +74,8 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
                 f"Health check gave no verdict: {inst_id} left as it was",
                 container_inst_id=inst_id, instance_id=after.ec2_instance_id,
                 what_happened=f"Instance {inst_id}: {what}",
-                what_was_done=f"{inst_id} back in service; the jobs that waited for the check go on "
-                              "without spending a recovery",
+                what_was_done=(away if after.state is InstanceState.SUSPECT else f"{inst_id} back in service")
+                + "; the jobs that waited for the check go on without spending a recovery",
                 operator_action="Look at why the stack's check could not give a verdict (the check's task "
                                 "and log, the recovery functions' errors and dead-letter queues); check the "
                                 "node by hand if its jobs fail again.")
@@ -71,8 +84,10 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
             instance, raw, plan, evidence, jobs, from_states=(instance.state,),
             hc_started_by=instance.check.started_by if checking else None,
             hc_jobs_count=len(instance.hc_jobs),
-            findings=findings, node_notice=operator_notice)
+            findings=findings, node_notice=operator_notice, suspect=flag)
         if applied is not None:
             metrics.add_metric("HealthChecksUndiagnosed", "Count", 1)
+            if agent_away is not None:  # flagged: its events reach the instance monitor by the mark
+                after_commit("lost-node mark", mark_quietly, agent_away, instance)
             return True
     return False

@@ -25,6 +25,20 @@ from gpu_recovery.repository.jobs_and_ranks import SPEND_APPLICATION, SPEND_COUN
 
 
 @dataclass(frozen=True)
+class SuspectFlag:
+    """A node left SUSPECT, not AVAILABLE, by a decision that leaves it as it was: a suspect
+    for the stack's own check (``origin``: what returns it), looked at by the sweep at
+    ``look_at``. Not a node action: nothing in its history, nothing for the breaker."""
+
+    reason: str
+    origin: str
+    look_at: float
+
+    def fields(self, now: float) -> dict[str, Any]:
+        return {"suspect_since": now, "suspect_reason": self.reason[:500], "suspect_origin": self.origin}
+
+
+@dataclass(frozen=True)
 class JobVerdict:
     """What one node decision (a health-check verdict, or a definitive fault) does to one
     waiting job."""
@@ -85,6 +99,7 @@ class NodeDecision:
     validation: tuple[str, dict[str, Any], dict[str, str]] | None = None
     release_waiting: bool = False
     last_validation: dict[str, Any] | None = None
+    suspect: SuspectFlag | None = None  # ``to`` SUSPECT by this flag (its deadline: ``follow_up_at``)
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,8 @@ class NodeDecisionRepository:
             remove += ["breaker_blocked"]
         if decision.breaker_blocked is not None:
             fields["breaker_blocked"] = decision.breaker_blocked
+        if decision.suspect is not None and to is InstanceState.SUSPECT:
+            fields.update(decision.suspect.fields(now))
         cordon_sync: list[Update] = []
         if decision.cordon is not None:
             fields.update(self.cordons.cordon_fields(decision.cordon, now))
@@ -237,7 +254,7 @@ class NodeDecisionRepository:
         return self.instances.instance_update(
             inst_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
             allow_missing=allow_missing, deadline_at=look_at,
-            set_fields={"suspect_since": now, "suspect_reason": reason[:500], "suspect_origin": origin})
+            set_fields=SuspectFlag(reason, origin, look_at or now).fields(now))
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool:

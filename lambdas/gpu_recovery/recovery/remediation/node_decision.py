@@ -64,7 +64,7 @@ from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsNodeIte
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
-from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision
+from gpu_recovery.repository.node_decisions import JobVerdict, NodeDecision, SuspectFlag
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ def projected(instance: Instance, decision: NodeDecision) -> Instance:
                    drain_pending=instance.drain_pending or to is InstanceState.QUARANTINED,
                    terminate_pending=decision.terminate if to is InstanceState.QUARANTINED
                    else instance.terminate_pending,
-                   breaker_blocked=decision.breaker_blocked or ({} if acted else instance.breaker_blocked))
+                   breaker_blocked=decision.breaker_blocked or ({} if acted else instance.breaker_blocked),
+                   suspect_origin=decision.suspect.origin if decision.suspect else instance.suspect_origin)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class NodeRemediation:
               hc_started_by: str | None = None, hc_jobs_count: int | None = None,
               findings: dict[str, Any] | None = None,
               node_notice: Callable[[Instance, RemediationPlan], Owed | None] | None = None,
-              warning_rule: str = "") -> Applied | None:
+              warning_rule: str = "", suspect: SuspectFlag | None = None) -> Applied | None:
         """Commit the node decision with every waiting job's outcome, then carry it out.
         None when the commit lost a race (re-read and try again). ``node_notice``: one more
         e-mail about the node, built with it as the decision leaves it; ``warning_rule``: the
@@ -272,7 +273,7 @@ class NodeRemediation:
                                                 now) for job in waiting]
         decision = self.node_decision(plan, label, instance, from_states, evidence, findings, new_history,
                                       hc_started_by, hc_jobs_count, verdicts, now,
-                                      job_ids=[v.job.job_id for v, _ in verdicts], gate=gate)
+                                      job_ids=[v.job.job_id for v, _ in verdicts], gate=gate, suspect=suspect)
         if warning_rule and decision.to not in (InstanceState.REBOOTING, InstanceState.QUARANTINED):
             decision = replace(decision, warning_decided=True)
         after = projected(instance, decision)
@@ -355,7 +356,8 @@ class NodeRemediation:
                       findings: dict[str, Any] | None, history: list[dict[str, Any]] | None,
                       hc_started_by: str | None, hc_jobs_count: int | None,
                       verdicts: list[tuple[JobVerdict, JobOutcome]], now: float, *,
-                      job_ids: list[str], gate: GateAnswer | None = None) -> NodeDecision:
+                      job_ids: list[str], gate: GateAnswer | None = None,
+                      suspect: SuspectFlag | None = None) -> NodeDecision:
         why = f"{plan.action.value}: {plan.decision.reason}"
         # A check ends here (a verdict, or none to be had: a check that could not start).
         checked = bool({InstanceState.HEALTH_CHECKING, InstanceState.HEALTH_CHECK_PENDING} & set(from_states))
@@ -378,6 +380,9 @@ class NodeRemediation:
             # Nothing done to the node: a health check leaves it as it found it; a fast
             # path (observe mode) leaves its state alone.
             to = InstanceState.AVAILABLE if checked else None
+        flag = suspect if to is InstanceState.AVAILABLE else None
+        if flag is not None:
+            to = InstanceState.SUSPECT  # a suspect for the stack's own check (the flag's origin)
         restart_jobs = tuple(v.job.job_id for v, o in verdicts
                              if o in (JobOutcome.RESTART_AFTER_REBOOT, JobOutcome.HOLD)
                              and label is SuspectVerdict.REBOOT)
@@ -399,8 +404,8 @@ class NodeRemediation:
             reboot_reason=why if to is InstanceState.REBOOTING else "",
             terminate=Effect.TERMINATE in plan.execute, breaker_blocked=blocked,
             hc_started_by=hc_started_by, hc_jobs_count=hc_jobs_count, restart_jobs=restart_jobs,
-            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else None, cordon=cordon, uncordon=uncordon,
-            reset=reset)
+            follow_up_at=now + FOLLOW_UP_SECONDS if follow_up else (flag.look_at if flag else None),
+            cordon=cordon, uncordon=uncordon, reset=reset, suspect=flag)
 
     # ------------------------------------------------------------ gate, cordon
     def ask_gate(self, plan: RemediationPlan, inst_id: str, jobs: list[Job], now: float,
