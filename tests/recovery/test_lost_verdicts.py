@@ -124,7 +124,7 @@ def test_a_check_ecs_cannot_place_where_the_agent_is_away_leaves_a_suspect_for_i
         job = w.repo.jobs.get_job("j")
         assert job.state is not JobState.FAILED and (job.recoveries_used, job.app_restarts_used) == (0, 0)
         [told] = [n for n in w.notifier.sent if n.kind is C.NotificationKind.HEALTH_CHECK_TIMEOUT]
-        assert "ECS agent is disconnected: flagged SUSPECT" in told.body
+        assert "ECS agent is disconnected: flagged SUSPECT" in told.body and "flagged SUSPECT" in told.subject
 
         w.ecs.failures["start_task"] = []
         w.ecs.agent_connected[FAULTY] = True

@@ -69,12 +69,14 @@ def settle_undiagnosed(data: CheckReads, metrics: MetricsPort, remediation: Node
             findings["task_arn"] = instance.check.task_arn
 
         def operator_notice(after: Instance, _plan: RemediationPlan) -> Owed:
+            flagged = after.state is InstanceState.SUSPECT
             return remediation.notices.for_node(
                 NotificationKind.HEALTH_CHECK_TIMEOUT,
-                f"Health check gave no verdict: {inst_id} left as it was",
+                f"Health check gave no verdict: {inst_id} "
+                + ("flagged SUSPECT, its ECS agent disconnected" if flagged else "left as it was"),
                 container_inst_id=inst_id, instance_id=after.ec2_instance_id,
                 what_happened=f"Instance {inst_id}: {what}",
-                what_was_done=(away if after.state is InstanceState.SUSPECT else f"{inst_id} back in service")
+                what_was_done=(away if flagged else f"{inst_id} back in service")
                 + "; the jobs that waited for the check go on without spending a recovery",
                 operator_action="Look at why the stack's check could not give a verdict (the check's task "
                                 "and log, the recovery functions' errors and dead-letter queues); check the "
