@@ -214,7 +214,7 @@ def test_the_shard_a_verdict_counts_on_is_the_one_the_tally_is_summed_from() -> 
         job = w.repo.jobs.get_job("j")
         assert job.tally.attempt == job.attempt == 1 and _shard_sum(w, 1) == 2
         moved_on = replace(job, attempt=2)  # the tally still counts the fault of attempt 1
-        w.repo.faults.count_healthy(moved_on, nodes[2], infra=False)
+        w.repo.faults.count_healthy(moved_on, nodes[2], "healthy")
         assert _shard_sum(w, 1) == 3 and _shard_sum(w, 2) == 0
         assert w.repo.faults.counted(job).tally.decided_all == 3
 
@@ -291,7 +291,7 @@ def test_a_healthy_verdict_counts_once_however_often_it_is_counted() -> None:
         _healthy(w, nodes[0])
         job = w.repo.jobs.get_job("j")
         for _ in range(3):  # a retry after a lost response, the sweep's recount, a duplicate
-            w.repo.faults.count_healthy(job, nodes[0], infra=False)
+            w.repo.faults.count_healthy(job, nodes[0], "healthy")
         assert w.repo.faults.recount(job) == 0
         assert _shard_sum(w) == 1 and w.repo.faults.counted(job).tally.pending == 3
 

@@ -137,6 +137,38 @@ def test_a_check_ecs_cannot_place_where_the_agent_is_away_leaves_a_suspect_for_i
         assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
 
 
+def _two_suspects_one_undiagnosed(w: World, *, undiagnosed_first: bool) -> None:
+    """Both ranks exit 1 (suspected GPU faults): node-b's check is never placed (undiagnosed once
+    its start retries are spent), node-a's passes (healthy), in the order given."""
+    arns = w.register_job("j", [PEER, FAULTY])
+    w.ecs.failures["start_task"] = ["place_nothing"]  # node-b's first start
+    w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+    w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+    [peer_check] = w.ecs.health_checks_on(PEER)
+    w.ecs.failures["start_task"] = ["place_nothing"] * 10
+    if not undiagnosed_first:
+        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, 0))
+    for _ in range(5):
+        w.advance(61)
+        w.service.sweep()
+    assert w.repo.faults.get_suspect("j", 1, FAULTY).findings["verdict"] == "undiagnosed"
+    if undiagnosed_first:
+        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, 0))
+
+
+def test_a_fault_one_of_whose_suspects_went_undiagnosed_is_no_ones_to_pay_in_either_order() -> None:
+    """Two suspects, one found healthy and one the stack's check could not judge: whose the
+    fault was is not known, so the job restarts without spending any budget, whichever verdict
+    comes last (it failed as an application error, its application budget 0, when the healthy
+    verdict came last: a missing answer made the tenant's program the culprit)."""
+    for undiagnosed_first in (True, False):
+        with world(health_check_start_retries=2) as w:
+            _two_suspects_one_undiagnosed(w, undiagnosed_first=undiagnosed_first)
+            job = w.repo.jobs.get_job("j")
+            assert job.state is not JobState.FAILED, (undiagnosed_first, job.last_error)
+            assert job.attempt == 2 and (job.recoveries_used, job.app_restarts_used) == (0, 0)
+
+
 class _ScriptLine:
     """The verdict line the real health-check script printed."""
 

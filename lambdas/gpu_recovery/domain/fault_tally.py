@@ -8,11 +8,14 @@ reboot, how many rebooting nodes the restart still waits for, and - once every
 rank of the attempt has ended, so no suspect can be added any more - how many suspects
 there are. The job's fate follows from these counts alone. Healthy verdicts that change
 nothing else on the job are counted off it, on the fault's tally shards (no hot item: a
-large fault's verdicts would all write the job item); ``shard_decided`` and
-``shard_infra`` are their sums where the repository read them (``FaultRepository.counted``),
-0 otherwise. A shard holds the nodes it counted (a set: counting twice changes nothing), so
-the job's size sets how many shards there are (:func:`tally_shard_count`) and no shard holds
-more than about ``TALLY_NODES_PER_SHARD`` nodes. Pure: no I/O.
+large fault's verdicts would all write the job item); ``shard_decided``, ``shard_infra`` and
+``shard_undiagnosed`` are their sums where the repository read them
+(``FaultRepository.counted``), 0 otherwise. A suspect the stack's own check could not judge
+(undiagnosed) leaves the fault no one's to pay: while one is counted, the fault spends no
+budget however the other verdicts read. A shard holds the nodes it counted (a set: counting
+twice changes nothing), so the job's size sets how many shards there are
+(:func:`tally_shard_count`) and no shard holds more than about ``TALLY_NODES_PER_SHARD``
+nodes. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class FaultTally:
     held: int = 0
     shard_decided: int = 0  # healthy verdicts counted on the tally shards (not on the job item)
     shard_infra: int = 0  # of which charged to the infrastructure budget
+    undiagnosed: int = 0  # verdicts the stack's own check could not give (the fault spends no budget)
+    shard_undiagnosed: int = 0  # of the healthy ones counted on shards
     # What opened the fault, when it was not a rank's own end: "preflight" (the gang preflight
     # pinned nodes before the attempt trained; the fault spends no budget however it ends), or
     # "aws_notice" (a job with no control channel moved off a node AWS takes: no budget).
@@ -72,7 +77,8 @@ class FaultTally:
                    fatal=int(raw.get("fatal") or 0), reboot=int(raw.get("reboot") or 0),
                    rebooting=int(raw.get("rebooting") or 0),
                    total=None if total is None else int(total), infra=int(raw.get("infra") or 0),
-                   held=int(raw.get("held") or 0), opened_by=str(raw.get("opened_by") or ""),
+                   held=int(raw.get("held") or 0), undiagnosed=int(raw.get("undiagnosed") or 0),
+                   opened_by=str(raw.get("opened_by") or ""),
                    exits=tuple(float(t) for t in raw.get("exits") or ()),
                    escalated=bool(raw.get("escalated")))
 
@@ -88,6 +94,8 @@ class FaultTally:
             item["exits"] = list(self.exits)
         if self.escalated:
             item["escalated"] = True
+        if self.undiagnosed:
+            item["undiagnosed"] = self.undiagnosed
         return item
 
     @property
@@ -103,6 +111,10 @@ class FaultTally:
     @property
     def infra_all(self) -> int:
         return self.infra + self.shard_infra
+
+    @property
+    def undiagnosed_all(self) -> int:
+        return self.undiagnosed + self.shard_undiagnosed
 
     @property
     def pending(self) -> int | None:

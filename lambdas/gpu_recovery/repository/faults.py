@@ -186,13 +186,13 @@ class FaultRepository:
             condition_names={"#f": "fault", "#a": "attempt", "#t": "total", "#e": "escalated"}))
         return self.base.job_from_item(written) if written else None
 
-    def count_healthy(self, job: Job, node: str, *, infra: bool) -> None:
+    def count_healthy(self, job: Job, node: str, kind: str) -> None:
         """A healthy verdict that changes nothing else on the job (its suspect decided and
         marked ``counted_on_shard`` in the verdict's transaction), counted on its tally shard:
         ``node`` added to the shard's sets. Idempotent; no transaction, so no conflict."""
         adds: dict[str, set[Any]] = {"decided_nodes": {node}}
-        if infra:
-            adds["infra_nodes"] = {node}
+        if kind in ("infra", "undiagnosed"):  # ``JobVerdict.shard_kind``: healthy, infra or undiagnosed
+            adds[f"{kind}_nodes"] = {node}
         self.base.db.apply(Update(table=self.table, key=self._tally_shard_key(job, self._shard_of(job, node)),
                                   set_fields={"item_type": "TALLY_SHARD"}, add_to_sets=adds))
 
@@ -208,7 +208,9 @@ class FaultRepository:
         # (``decided``, ``infra``) on the same keys; they still count.
         decided = sum(len(i.get("decided_nodes") or ()) + int(i.get("decided") or 0) for i in shards.values())
         infra = sum(len(i.get("infra_nodes") or ()) + int(i.get("infra") or 0) for i in shards.values())
-        return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra))
+        undiagnosed = sum(len(i.get("undiagnosed_nodes") or ()) for i in shards.values())
+        return replace(job, tally=replace(tally, shard_decided=decided, shard_infra=infra,
+                                          shard_undiagnosed=undiagnosed))
 
     def recount(self, job: Job) -> int:
         """The sweep's repair for a fault whose count is short: every suspect decided healthy
@@ -223,7 +225,7 @@ class FaultRepository:
         counted = {node for item in shards.values() for node in item.get("decided_nodes") or ()}
         missing = [s for s in owed if s.node not in counted]
         for suspect in missing:
-            self.count_healthy(job, suspect.node, infra=suspect.counted_on_shard == "infra")
+            self.count_healthy(job, suspect.node, suspect.counted_on_shard)
         return len(missing)
 
     def _shard_items(self, job: Job) -> dict[int, dict[str, Any]]:

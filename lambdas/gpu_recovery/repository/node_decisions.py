@@ -59,6 +59,12 @@ class JobVerdict:
     held: bool = False  # the node's reboot was held back by the breaker (counted in the tally)
     # HOLD: the budget the restart spends once the held job goes on ("": not charged again).
     hold_spend: str | None = None
+    undiagnosed: bool = False  # the stack's own check gave no verdict (the fault spends no budget)
+
+    @property
+    def shard_kind(self) -> str:
+        """How a verdict that only counts is counted on its tally shard."""
+        return "undiagnosed" if self.undiagnosed else "infra" if self.infra_hint else "healthy"
 
     @property
     def counts_only(self) -> bool:
@@ -275,7 +281,7 @@ class NodeDecisionRepository:
         faults = self.faults
         job = verdict.job
         now = clock.now()
-        on_shard = ("infra" if verdict.infra_hint else "healthy") if verdict.counts_only else ""
+        on_shard = verdict.shard_kind if verdict.counts_only else ""
         suspect = faults.decide_suspect(job, inst_id, verdict.label, findings=verdict.findings,
                                         record=verdict.record, rebooting=verdict.waits_for_reboot, now=now,
                                         counted_on_shard=on_shard)
@@ -305,6 +311,8 @@ class NodeDecisionRepository:
             counts["fault.rebooting"] = 1
         if verdict.infra_hint:
             counts["fault.infra"] = 1
+        if verdict.undiagnosed:
+            counts["fault.undiagnosed"] = 1
         if verdict.held:
             counts["fault.held"] = 1
         if verdict.hold_spend is not None:
@@ -332,7 +340,7 @@ class NodeDecisionRepository:
         (idempotent; the sweep counts any left out, ``FaultRepository.recount``)."""
         for verdict in verdicts:
             if verdict.counts_only:
-                self.faults.count_healthy(verdict.job, inst_id, infra=verdict.infra_hint)
+                self.faults.count_healthy(verdict.job, inst_id, verdict.shard_kind)
 
     def time_out_instance(self, instance: Instance, *, quarantine: bool, what: str,
                           failures: Sequence[JobFailure], actor: str = "sweep",

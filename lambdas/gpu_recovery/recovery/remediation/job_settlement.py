@@ -131,6 +131,9 @@ class JobSettlement:
         tally = job.tally.with_verdict(label, held=held)
         if infra_hint:
             tally = replace(tally, infra=tally.infra + 1)
+        undiagnosed = plan is not None and plan.undiagnosed
+        if undiagnosed:
+            tally = replace(tally, undiagnosed=tally.undiagnosed + 1)
         outcome = tally.outcome(relocatable=bool(tally.fatal) and job.relocatable)
         if outcome is JobOutcome.RESTART and self._coupled_nodes(job, tally):
             # Nothing found, and nodes whose exits followed were not checked: they are, before
@@ -142,8 +145,11 @@ class JobSettlement:
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
-        if plan is not None and plan.undiagnosed:
-            kind = Budget.NONE  # the stack's own check gave no verdict: not the job's to pay
+        if tally.undiagnosed_all:
+            # The stack's own check gave no verdict on a suspect of the fault (this one or an
+            # earlier one): whose the fault was is not known, so it is not the job's to pay,
+            # however the other suspects' verdicts read.
+            kind = Budget.NONE
         if (evidence is not None and evidence.trigger is Trigger.PREFLIGHT) or _opened_by_preflight(job):
             # Found by the gang preflight, before the attempt trained: the job lost no work
             # and restarts (or waits) without spending a recovery; the node's escalation and
@@ -165,7 +171,8 @@ class JobSettlement:
                                        and settled.to is not JobState.FAILED),
                              restart_reason=settled.restart_reason, reason=settled.reason,
                              waits_for_reboot=waits,
-                             infra_hint=infra_hint, held=held, hold_spend=settled.hold_spend)
+                             infra_hint=infra_hint, held=held, hold_spend=settled.hold_spend,
+                             undiagnosed=undiagnosed)
         return verdict, settled.outcome
 
     def _settle(self, job: Job, outcome: JobOutcome, kind: Budget, charge: bool, inst_id: str,
@@ -232,8 +239,10 @@ class JobSettlement:
             if coupled:
                 return coupled
         kind = Budget.INFRASTRUCTURE if job.tally.infra_all else Budget.APPLICATION
-        if _opened_by_preflight(job):
-            kind = Budget.NONE  # every pinned node cleared: the attempt had not trained
+        if job.tally.undiagnosed_all or _opened_by_preflight(job):
+            # A suspect the stack's check could not judge; or every pinned node cleared (the
+            # attempt had not trained).
+            kind = Budget.NONE
         where = f"{job.tally.total} suspect node(s)"
         settled = self._settle(job, outcome, kind, True, where, None, None,
                                f"every verdict in: {where} healthy")
