@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed, EcsAdapter
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.adapters.logs import TrainingLogReader, VerdictLogReader
 from gpu_recovery.constants import HEALTH_CHECK_CONTAINER_NAME, HEALTH_CHECK_LOG_STREAM_PREFIX
 from gpu_recovery.repository import base
@@ -306,6 +307,33 @@ def test_describe_calls_answer_missing_as_not_found_and_raise_other_failures() -
                    "c").describe_task(task)
     gone = {"containerInstances": [], "failures": [{"arn": ARN, "reason": "MISSING"}]}
     assert EcsAdapter(Ecs(describe_container_instances=[gone]), "c").describe_container_instance(ARN) is None
+
+
+def test_is_agent_connected_reads_ecs_and_takes_a_describe_token_first() -> None:
+    """ECS's ``agentConnected`` (None: the node MISSING); a Describe budget with no token makes no
+    call at all (the caller reads that as no answer)."""
+
+    class Counted:
+        def __init__(self, refuse: bool = False) -> None:
+            self.taken, self.refuse = 0, refuse
+
+        def acquire(self, calls: int, *, in_turn_within: float | None = None) -> None:
+            if self.refuse:
+                raise RateLimited(1.0)
+            self.taken += calls
+
+    node = {"containerInstanceArn": ARN, "status": "ACTIVE", "agentConnected": False}
+    away = {"containerInstances": [node], "failures": []}
+    gone = {"containerInstances": [], "failures": [{"arn": ARN, "reason": "MISSING"}]}
+    budget = Counted()
+    ecs = Ecs(describe_container_instances=[away, gone])
+    adapter = EcsAdapter(ecs, "c", describe_budget=budget)
+    assert adapter.is_agent_connected(ARN) is False and adapter.is_agent_connected(ARN) is None
+    assert budget.taken == 2
+    refused = Ecs()
+    with pytest.raises(RateLimited):
+        EcsAdapter(refused, "c", describe_budget=Counted(refuse=True)).is_agent_connected(ARN)
+    assert refused.calls == []
 
 
 def test_a_start_task_refused_on_one_of_its_instances_reports_what_was_placed() -> None:

@@ -214,6 +214,10 @@ class FakeEcs:
                 "agentConnected": self.agent_connected.get(node, True),
                 "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}
 
+    def is_agent_connected(self, container_instance: str) -> bool | None:
+        node = self.describe_container_instance(container_instance)
+        return None if node is None else bool(node["agentConnected"])
+
     def drain(self, container_instance_arn: str) -> str:
         fault = self._fault("drain")
         if fault == "refuse":

@@ -257,6 +257,14 @@ class EcsAdapter:
         found = response.get("containerInstances", [])
         return found[0] if found else None
 
+    def is_agent_connected(self, container_instance: str) -> bool | None:
+        """ECS's ``agentConnected`` for one node, a token of the Describe budget taken first (a
+        check per node may ask it: a burst of them keeps to the budget, the caller treating a
+        refusal as no answer); None when ECS answers it MISSING."""
+        self.describe_budget.acquire(1)
+        node = self.describe_container_instance(container_instance)
+        return None if node is None else bool(node.get("agentConnected"))
+
     def describe_container_instances(self, refs: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The given container instances (ARNs or ids) described, by 100: container instance
         id -> its description (one ECS does not know is absent: its ``failures`` say MISSING)."""

@@ -52,13 +52,14 @@ from gpu_recovery.recovery.health_check_verdicts import (
     CheckVerdictData,
     HealthCheckVerdicts,
 )
-from gpu_recovery.recovery.lost_node_checks import LostNodeEcs
+from gpu_recovery.recovery.lost_node_checks import MarksNodes
 from gpu_recovery.recovery.node_tasks import NodeTasks
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import (
     Invocation,
     MetricsPort,
     Outcome,
+    ReadsEcsAgent,
     StopsAndDescribesTasks,
     VerdictReaderPort,
     after_commit,
@@ -139,7 +140,7 @@ class CheckNodes(ReadsNodeItems, ReadsNode, RecordsObservedFaults, Protocol):
     """The node checked; a fault observed only."""
 
 
-class CheckEcs(StopsAndDescribesTasks, LostNodeEcs, Protocol):
+class CheckEcs(StopsAndDescribesTasks, MarksNodes, ReadsEcsAgent, Protocol):
     """A check looked at or stopped; the node's agent read, and marked, when none gave a verdict."""
 
 
@@ -470,12 +471,11 @@ class HealthChecks:
         """ECS reads the node's agent disconnected (no answer, or a node it does not know: no)."""
         inst_id = instance.container_inst_id
         try:
-            node = self.ecs.describe_container_instance(instance.container_instance_arn or inst_id)
-        except Exception as error:
+            return self.ecs.is_agent_connected(instance.container_instance_arn or inst_id) is False
+        except Exception as error:  # throttled, or the Describe budget had no token: no answer
             logger.warning("the node's ECS agent not read: left as it was", extra={
                 "instance": inst_id, "error": str(error)})
             return False
-        return node is not None and node.get("agentConnected") is False
 
     def _sweep_waiting(self, instance: Instance, now: float) -> str:
         """A check waiting for a slot (every ten minutes): let it go if no job it serves is

@@ -48,7 +48,7 @@ from gpu_recovery.recovery.gpu_resets import GpuResets
 from gpu_recovery.recovery.health_checks import HealthChecks
 from gpu_recovery.recovery.lost_node_checks import LostNodeChecks
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import MetricsPort, Outcome
+from gpu_recovery.recovery.ports import MetricsPort, Outcome, ReadsEcsAgent
 from gpu_recovery.recovery.preflight.rounds import Preflights
 from gpu_recovery.recovery.queue_launches import QueueLaunches, is_launch
 from gpu_recovery.recovery.reboots import Reboots
@@ -104,12 +104,6 @@ class SweepData(HasJobs[SweepJobs], HasInstances[SweepNodes], Protocol):
     latches: LatchRepository
     deadlines: DeadlineIndex  # what is due, and every job item carrying a deadline
     slots: HealthCheckSlots
-
-
-class ReadsEcsAgent(Protocol):
-    """ECS's word on a node's agent (the backstop's look before it hands a lost rank over)."""
-
-    def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None: ...
 
 
 @dataclass(eq=False, repr=False)
@@ -465,8 +459,7 @@ class Sweep:
         answer: False, the hand-over as before; a failed call is raised, looked at again)."""
         if self.ecs is None:
             return False
-        node = self.ecs.describe_container_instance(rank.container_instance_arn or rank.container_inst_id)
-        return node is not None and node.get("agentConnected") is False
+        return self.ecs.is_agent_connected(rank.container_instance_arn or rank.container_inst_id) is False
 
     def _kick_checks(self, job: Job) -> None:
         """The job's health checks waiting for a slot (one may have been given back while
