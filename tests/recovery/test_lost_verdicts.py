@@ -137,9 +137,9 @@ def test_a_check_ecs_cannot_place_where_the_agent_is_away_leaves_a_suspect_for_i
         assert w.repo.instances.get_instance(FAULTY).state is InstanceState.AVAILABLE
 
 
-def _two_suspects_one_undiagnosed(w: World, *, undiagnosed_first: bool) -> None:
+def _two_suspects_one_undiagnosed(w: World, *, undiagnosed_first: bool, peer_exit: int = 0) -> None:
     """Both ranks exit 1 (suspected GPU faults): node-b's check is never placed (undiagnosed once
-    its start retries are spent), node-a's passes (healthy), in the order given."""
+    its start retries are spent), node-a's ends with ``peer_exit`` (0: healthy), in the order given."""
     arns = w.register_job("j", [PEER, FAULTY])
     w.ecs.failures["start_task"] = ["place_nothing"]  # node-b's first start
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
@@ -147,13 +147,13 @@ def _two_suspects_one_undiagnosed(w: World, *, undiagnosed_first: bool) -> None:
     [peer_check] = w.ecs.health_checks_on(PEER)
     w.ecs.failures["start_task"] = ["place_nothing"] * 10
     if not undiagnosed_first:
-        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, 0))
+        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, peer_exit))
     for _ in range(5):
         w.advance(61)
         w.service.sweep()
     assert w.repo.faults.get_suspect("j", 1, FAULTY).findings["verdict"] == "undiagnosed"
     if undiagnosed_first:
-        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, 0))
+        w.service.on_health_check_stopped(w.health_check_stopped(peer_check, peer_exit))
 
 
 def test_a_fault_one_of_whose_suspects_went_undiagnosed_is_no_ones_to_pay_in_either_order() -> None:
@@ -167,6 +167,18 @@ def test_a_fault_one_of_whose_suspects_went_undiagnosed_is_no_ones_to_pay_in_eit
             job = w.repo.jobs.get_job("j")
             assert job.state is not JobState.FAILED, (undiagnosed_first, job.last_error)
             assert job.attempt == 2 and (job.recoveries_used, job.app_restarts_used) == (0, 0)
+
+
+def test_a_fault_whose_other_suspect_was_found_bad_is_charged_as_found_in_either_order() -> None:
+    """Two suspects, one the DCGM check finds in need of a reboot and one it could not judge: the
+    fault was found (the bad node explains it), so the job's infrastructure budget pays its
+    recovery, whichever verdict comes last."""
+    for undiagnosed_first in (True, False):
+        with world(health_check_start_retries=2) as w:
+            _two_suspects_one_undiagnosed(w, undiagnosed_first=undiagnosed_first, peer_exit=1)
+            job = w.repo.jobs.get_job("j")
+            assert w.repo.instances.get_instance(PEER).state is InstanceState.REBOOTING
+            assert (job.recoveries_used, job.app_restarts_used) == (1, 0), (undiagnosed_first, job)
 
 
 class _ScriptLine:

@@ -11,11 +11,11 @@ nothing else on the job are counted off it, on the fault's tally shards (no hot 
 large fault's verdicts would all write the job item); ``shard_decided``, ``shard_infra`` and
 ``shard_undiagnosed`` are their sums where the repository read them
 (``FaultRepository.counted``), 0 otherwise. A suspect the stack's own check could not judge
-(undiagnosed) leaves the fault no one's to pay: while one is counted, the fault spends no
-budget however the other verdicts read. A shard holds the nodes it counted (a set: counting
-twice changes nothing), so the job's size sets how many shards there are
-(:func:`tally_shard_count`) and no shard holds more than about ``TALLY_NODES_PER_SHARD``
-nodes. Pure: no I/O.
+(undiagnosed) leaves a fault no other check found no one's to pay: while one is counted and
+none was found bad, the fault spends no budget however the other verdicts read. A shard holds
+the nodes it counted (a set: counting twice changes nothing), so the job's size sets how many
+shards there are (:func:`tally_shard_count`) and no shard holds more than about
+``TALLY_NODES_PER_SHARD`` nodes. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -145,10 +145,10 @@ class JobSettlement:
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
-        if tally.undiagnosed_all:
+        if tally.undiagnosed_all and not tally.found:
             # The stack's own check gave no verdict on a suspect of the fault (this one or an
-            # earlier one): whose the fault was is not known, so it is not the job's to pay,
-            # however the other suspects' verdicts read.
+            # earlier one) and found no other one bad: whose the fault was is not known, so it
+            # is not the job's to pay, however the other suspects' verdicts read.
             kind = Budget.NONE
         if (evidence is not None and evidence.trigger is Trigger.PREFLIGHT) or _opened_by_preflight(job):
             # Found by the gang preflight, before the attempt trained: the job lost no work
