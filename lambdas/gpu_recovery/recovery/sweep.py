@@ -455,8 +455,8 @@ class Sweep:
         return f"heartbeat_backstop_{outcome.action}"
 
     def _agent_disconnected(self, rank: Rank) -> bool:
-        """ECS reads the rank's node's agent disconnected (a node it does not know, or no
-        answer: False, the hand-over as before; a failed call is raised, looked at again)."""
+        """ECS reads the rank's node's agent disconnected (a node ECS does not know: False, the
+        hand-over as before; a failed call, or no Describe token, is raised: looked at again)."""
         if self.ecs is None:
             return False
         return self.ecs.is_agent_connected(rank.container_instance_arn or rank.container_inst_id) is False
