@@ -56,7 +56,7 @@ class FaultTally:
     held: int = 0
     shard_decided: int = 0  # healthy verdicts counted on the tally shards (not on the job item)
     shard_infra: int = 0  # of which charged to the infrastructure budget
-    undiagnosed: int = 0  # verdicts the stack's own check could not give (the fault spends no budget)
+    undiagnosed: int = 0  # verdicts the stack's own check could not give (see the module's docstring)
     shard_undiagnosed: int = 0  # of the healthy ones counted on shards
     # What opened the fault, when it was not a rank's own end: "preflight" (the gang preflight
     # pinned nodes before the attempt trained; the fault spends no budget however it ends), or

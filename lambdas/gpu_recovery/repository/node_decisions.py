@@ -59,7 +59,7 @@ class JobVerdict:
     held: bool = False  # the node's reboot was held back by the breaker (counted in the tally)
     # HOLD: the budget the restart spends once the held job goes on ("": not charged again).
     hold_spend: str | None = None
-    undiagnosed: bool = False  # the stack's own check gave no verdict (the fault spends no budget)
+    undiagnosed: bool = False  # the stack's own check gave no verdict (``FaultTally.undiagnosed``)
 
     @property
     def shard_kind(self) -> str:
