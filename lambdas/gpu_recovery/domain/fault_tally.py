@@ -113,8 +113,10 @@ class FaultTally:
         return self.infra + self.shard_infra
 
     @property
-    def undiagnosed_all(self) -> int:
-        return self.undiagnosed + self.shard_undiagnosed
+    def unjudged(self) -> bool:
+        """A suspect went undiagnosed and no check found a node bad: whose the fault was is not
+        known, so it is no one's to pay."""
+        return self.undiagnosed + self.shard_undiagnosed > 0 and not self.found
 
     @property
     def pending(self) -> int | None:

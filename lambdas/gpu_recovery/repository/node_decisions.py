@@ -32,7 +32,7 @@ class SuspectFlag:
 
     reason: str
     origin: str
-    look_at: float
+    look_at: float | None = None
 
     def fields(self, now: float) -> dict[str, Any]:
         return {"suspect_since": now, "suspect_reason": self.reason[:500], "suspect_origin": self.origin}
@@ -260,7 +260,7 @@ class NodeDecisionRepository:
         return self.instances.instance_update(
             inst_id, from_states=[InstanceState.AVAILABLE], to=InstanceState.SUSPECT,
             allow_missing=allow_missing, deadline_at=look_at,
-            set_fields=SuspectFlag(reason, origin, look_at or now).fields(now))
+            set_fields=SuspectFlag(reason, origin, look_at).fields(now))
 
     def record_verdict_of_busy_instance(self, instance: Instance, verdict: JobVerdict,
                                         restart: bool, also: Sequence[Update] = ()) -> bool:

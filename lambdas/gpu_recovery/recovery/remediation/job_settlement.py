@@ -145,7 +145,7 @@ class JobSettlement:
         if outcome == JobOutcome.RESTART:
             kind = plan.decision.budget if plan and plan.decision.budget is not Budget.NONE \
                 else (Budget.INFRASTRUCTURE if tally.infra_all else Budget.APPLICATION)
-        if tally.undiagnosed_all and not tally.found:
+        if tally.unjudged:
             # The stack's own check gave no verdict on a suspect of the fault (this one or an
             # earlier one) and found no other one bad: whose the fault was is not known, so it
             # is not the job's to pay, however the other suspects' verdicts read.
@@ -239,7 +239,7 @@ class JobSettlement:
             if coupled:
                 return coupled
         kind = Budget.INFRASTRUCTURE if job.tally.infra_all else Budget.APPLICATION
-        if job.tally.undiagnosed_all or _opened_by_preflight(job):
+        if job.tally.unjudged or _opened_by_preflight(job):
             # A suspect the stack's check could not judge; or every pinned node cleared (the
             # attempt had not trained).
             kind = Budget.NONE
