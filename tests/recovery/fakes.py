@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.exceptions import BotoCoreError
 from moto import mock_aws
 
 from gpu_recovery import clock
@@ -74,8 +75,14 @@ class FakeTask:
         return f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/{self.task_definition}:1"
 
 
-class LostResponse(Exception):
-    """The call executed; its answer never came back."""
+class LostResponse(BotoCoreError):
+    """The call executed; its answer never came back (botocore raises a ``ReadTimeoutError``,
+    a ``BotoCoreError``, once its own retries are spent, as the simulator's lost answer does)."""
+
+    fmt = "{message}"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message=message)
 
 
 def throttled(operation: str) -> Exception:
