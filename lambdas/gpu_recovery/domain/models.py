@@ -149,6 +149,7 @@ class Job:
     # Cannot move, and a node's reboot is held back by the breaker: the current attempt's
     # wait for the breaker's reset (None: none).
     breaker_hold: BreakerHold | None = None
+    hold_owed: str = ""  # BreakerHold.owed: what the restart pays for a hold never entered
     # The tasks' awsvpcConfiguration (domain.task_network; {}: not in the awsvpc mode).
     network: dict[str, Any] = field(default_factory=dict)
     # Its restart could not be placed (a node busy, its agent away, gone): the current

@@ -64,6 +64,7 @@ def job_from_item(item: Mapping[str, Any]) -> Job:
         last_fault=dict(item.get("last_fault") or {}),
         relocation_wait=RelocationWait.from_item(item["job_id"], item.get("relocation_wait"), attempt),
         breaker_hold=BreakerHold.from_item(item["job_id"], item.get("breaker_hold"), attempt),
+        hold_owed=BreakerHold.owed(item.get("breaker_hold"), attempt),
         network=dict(item.get("network") or {}),
         restart_wait=RestartWait.from_item(item.get("restart_wait"), attempt),
         checkpoint=dict(item.get("checkpoint") or {}),

@@ -45,10 +45,17 @@ class RestartRepository:
                 "at": now, "attempt": new_attempt, "reason": reason[:500],
                 "moves": {node: str(m.get("node", "")) for node, m in list((moves or {}).items())[:20]},
                 "nodes_moved": len(moves or {})}][-20:]
+        owed: dict[str, Any] = {}
+        if job.hold_owed in SPEND_COUNTER:
+            # A held verdict whose job was never HELD: charged here, once (the condition: still
+            # never held; a hold written since charges when it lets the job go on).
+            owed = {"increments": {SPEND_COUNTER[job.hold_owed]: 1},
+                    "extra_condition": "attribute_not_exists(#bh.#until)",
+                    "extra_names": {"#bh": "breaker_hold", "#until": "until"}}
         update = self.jobs.job_transition(
             job.job_id, JobState.STARTING, from_states=[JobState.PENDING_RESTART],
             attempt=job.attempt, reason=reason or f"gang restart, attempt {new_attempt}", actor="recovery",
-            set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt))
+            set_fields=fields, ledger=goodput.stop_marks(job.stopped, job.attempt), **owed)
         return self.db.transact([update, placement]) if placement is not None else self.db.apply(update)
 
     def confirm_running(self, job_id: str, attempt: int, reason: str, actor: str = "recovery",

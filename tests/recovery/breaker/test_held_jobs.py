@@ -198,3 +198,36 @@ def test_breaker_show_lists_the_held_jobs_and_the_nodes_they_wait_on(
         shown = json.loads(capsys.readouterr().out)
         [held] = shown["held_jobs"]
         assert (held["job_id"], held["nodes"], held["until"] - held["since"]) == ("j", [FAULTY], 3600)
+
+
+def test_a_held_fault_whose_job_went_on_before_it_was_ever_held_is_charged_once() -> None:
+    """Given a non-relocatable job whose node's reboot the breaker held back, and every write
+    that would hold the job refused until the operator's reset had the node rebooted and back,
+    Then the job goes on from PENDING_RESTART without ever being HELD, charged once for the
+    fault, as a job that was HELD is when it goes on (its verdict left the charge to then)."""
+    with world() as w:
+        arns = w.register_job("j", [PEER, FAULTY])
+        w.trip_breaker(["x-1", "x-2"])
+        w.repo.fail_once("breaker.hold_job", "refuse")
+        with pytest.raises(TimeoutError):
+            reboot_fault(w, arns)
+        job = w.repo.jobs.get_job("j")
+        assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 0
+        assert reset_breaker(w.repo.breaker, now=w.now[0], resume_backlog=True, by="oncall").done
+        w.repo.fail_once("breaker.hold_job", "refuse")
+        sweep_minutes(w, 1)  # node-b rebooted; the job's hold refused again
+        assert w.rebooter.calls == [f"i-{FAULTY}"]
+        assert w.repo.jobs.get_job("j").state is JobState.PENDING_RESTART
+        t = w.now[0]
+        for connected, version, at in ((False, 11, t + 5), (True, 12, t + 90)):
+            w.service.on_container_instance_change(w.instance_event(FAULTY, connected=connected,
+                                                                    version=version, at=at))
+        sweep_minutes(w, 1)
+        job = w.repo.jobs.get_job("j")
+        history = [h["to"] for h in state_changes((w.repo.jobs.get_job_item("j") or {})["history"])]
+        assert "HELD" not in history
+        assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
+        assert job.recoveries_used == 1 and running_on(w) == [PEER, FAULTY]
+        w.advance(3600)
+        w.service.sweep()
+        assert w.repo.jobs.get_job("j").recoveries_used == 1

@@ -70,6 +70,15 @@ class BreakerHold:
                    str(raw.get("why") or ""),
                    float(raw["resumed_at"]) if raw.get("resumed_at") is not None else None)
 
+    @staticmethod
+    def owed(raw: Mapping[str, Any] | None, attempt: int) -> str:
+        """The budget ``attempt``'s restart owes for a held verdict whose job was never HELD
+        (the write that holds it failed until every node was back): the verdict left the
+        charge to the hold, so the restart that goes on without one pays it ("": nothing owed)."""
+        if not raw or int(raw.get("attempt") or 0) != attempt or raw.get("until") is not None:
+            return ""
+        return str(raw.get("spend") or "")
+
     def to_item(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "since": self.since, "until": self.until,
                 "nodes": list(self.nodes), "spend": self.spend, "why": self.why}
