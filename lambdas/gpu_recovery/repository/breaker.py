@@ -90,9 +90,11 @@ class BreakerRepository:
 
     def resume_held_job(self, job: Job, hold: BreakerHold, reason: str, now: float) -> bool:
         """Every node the held job waited for is back: HELD -> PENDING_RESTART on the same
-        attempt, its restart charged now (once: the transition is conditional on HELD)."""
+        attempt, its restart charged now (once: the transition is conditional on HELD, and it
+        leaves the hold nothing more to charge should the job be held again on this fault)."""
         return self.db.apply(self.tables.job_transition(
             job.job_id, JobState.PENDING_RESTART, from_states=[JobState.HELD], attempt=job.attempt,
             reason=reason, actor="recovery",
-            set_fields={"breaker_hold.resumed_at": now, **self.tables.job_deadline_fields(now + 60)},
+            set_fields={"breaker_hold.resumed_at": now, "breaker_hold.spend": "",
+                        **self.tables.job_deadline_fields(now + 60)},
             increments={SPEND_COUNTER[hold.spend]: 1} if hold.spend in SPEND_COUNTER else None))

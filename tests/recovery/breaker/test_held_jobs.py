@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -230,4 +231,24 @@ def test_a_held_fault_whose_job_went_on_before_it_was_ever_held_is_charged_once(
         assert job.recoveries_used == 1 and running_on(w) == [PEER, FAULTY]
         w.advance(3600)
         w.service.sweep()
+        assert w.repo.jobs.get_job("j").recoveries_used == 1
+
+
+def test_a_job_held_again_on_its_fault_after_going_on_is_not_charged_again() -> None:
+    """Given a HELD job that went on (charged once) and, on the same fault, was held again
+    before its restart (a node it waits for held back again: ``HeldJobs.hold`` keeps the
+    first hold's record), When it goes on again, Then nothing more is charged."""
+    with world() as w:
+        _held(w)
+        job = w.repo.jobs.get_job("j")
+        assert job.breaker_hold is not None and job.breaker_hold.spend == "infrastructure"
+        assert w.repo.breaker.resume_held_job(job, job.breaker_hold, "every node back", w.now[0])
+        job = w.repo.jobs.get_job("j")
+        assert job.state is JobState.PENDING_RESTART and job.recoveries_used == 1
+        assert job.breaker_hold is not None
+        again = replace(job.breaker_hold, resumed_at=None)  # as HeldJobs.hold re-enters it
+        assert w.repo.breaker.hold_job(job, again, w.now[0] + 60)
+        job = w.repo.jobs.get_job("j")
+        assert job.state is JobState.HELD and job.breaker_hold is not None
+        assert w.repo.breaker.resume_held_job(job, job.breaker_hold, "every node back", w.now[0])
         assert w.repo.jobs.get_job("j").recoveries_used == 1
