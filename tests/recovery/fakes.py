@@ -174,6 +174,9 @@ class FakeEcs:
             raise throttled("StopTask")
         self.stop_calls.append(task_arn)
 
+    def stop_task_before_deadline(self, task_arn: str, reason: str) -> None:
+        self.stop_task(task_arn, reason)
+
     def prepay(self, calls: int, *, in_turn_within: float | None = None) -> None:
         # A turn (the DCGM start's) too far off at the budget:
         if in_turn_within is not None and self._fault("prepay_in_turn") == "rate_limited":

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery.adapters.ecs_budget import CallBudget, Unlimited
 from gpu_recovery.adapters.errors import NOT_SENT
@@ -155,6 +155,21 @@ class EcsAdapter:
 
     def stop_task(self, task_arn: str, reason: str) -> None:
         self._take_token()
+        self._stop(task_arn, reason)
+
+    def stop_task_before_deadline(self, task_arn: str, reason: str) -> None:
+        """StopTask of a rank on a node AWS takes at a deadline (``recovery.deadline_calls``):
+        its token taken as any call's, but the budget's own item unreadable or unwritten (a
+        throttled or lost DynamoDB call, whose write may have landed) does not hold the stop
+        back: the next try may come after the node is gone. A spent budget still does."""
+        try:
+            self._take_token()
+        except (ClientError, BotoCoreError) as error:
+            logger.warning("ECS budget not taken: a stop before AWS's deadline is sent anyway",
+                           extra={"task": task_arn, "error": str(error)})
+        self._stop(task_arn, reason)
+
+    def _stop(self, task_arn: str, reason: str) -> None:
         try:
             self._ecs.stop_task(cluster=self.cluster, task=task_arn, reason=reason[:255])
         except self._ecs.exceptions.InvalidParameterException as error:

@@ -61,7 +61,7 @@ from gpu_recovery.domain.states import ACTIVE_JOB_STATES, JobState, RankState, s
 from gpu_recovery.domain.time_sharing import SuspendKind, suspend_record
 from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.cordons import Cordons
-from gpu_recovery.recovery.deadline_calls import stop_first
+from gpu_recovery.recovery.deadline_calls import TaskStopper, stop_first
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import (
     ListsContainerInstances,
@@ -108,7 +108,7 @@ class NoticeData(HasJobs[NoticeJobs], HasInstances[NoticeNodes], Protocol):
     """The node and the jobs on it."""
 
 
-class NoticeEcs(StopsTasks, ListsContainerInstances, Protocol):
+class NoticeEcs(StopsTasks, TaskStopper, ListsContainerInstances, Protocol):
     """The nodes a notice names (found by a query), their drain, and a rank's stop."""
 
     def drain(self, container_instance_arn: str) -> str: ...
@@ -496,7 +496,7 @@ class AwsNotices:
             if job is None or job.attempt != rank.attempt or not _moving_off_notice(job):
                 continue
             why = str(job.stop_fanout.get("why") or "suspended: AWS takes the node")
-            self.ecs.stop_task(rank.task_arn, system_stop_reason(why))
+            self.ecs.stop_task_before_deadline(rank.task_arn, system_stop_reason(why))
             logger.warning("rank on a node AWS takes away asked to stop again", extra={
                 "job_id": job.job_id, "rank": rank.rank, "instance": rank.container_inst_id})
 

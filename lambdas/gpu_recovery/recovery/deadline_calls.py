@@ -28,7 +28,7 @@ class StopMarks(Protocol):
 
 
 class TaskStopper(Protocol):
-    def stop_task(self, task_arn: str, reason: str) -> None: ...
+    def stop_task_before_deadline(self, task_arn: str, reason: str) -> None: ...
 
 
 def stop_first(ranks: Iterable[Rank], why: str, marks: StopMarks, ecs: TaskStopper, *,
@@ -36,12 +36,14 @@ def stop_first(ranks: Iterable[Rank], why: str, marks: StopMarks, ecs: TaskStopp
     """Each rank marked asked (as the gang's stop does; a mark tried again finds it written and
     answers False), then StopTask (idempotent), each tried again at once. The gang's stop then
     finds them asked; if this fails, the gang's stop asks a rank not marked and the paced rounds
-    (or the notice's sweep) a marked one. ``watched``: a suspension's (``request_rank_stop``).
+    (or the notice's sweep) a marked one. The StopTask is not held back by the ECS budget's own
+    item failing (``stop_task_before_deadline``). ``watched``: a suspension's
+    (``request_rank_stop``).
     Never raises: the stop goes on."""
     for rank in ranks:
         try:
             twice(partial(marks.request_rank_stop, rank, why, clock.now(), watched=watched))
-            twice(partial(ecs.stop_task, rank.task_arn, system_stop_reason(why)))
+            twice(partial(ecs.stop_task_before_deadline, rank.task_arn, system_stop_reason(why)))
         except (ClientError, BotoCoreError) as error:
             logger.warning("a rank on a node AWS takes not asked first: the gang's stop or the "
                            "sweep asks it", extra={"job_id": rank.job_id, "rank": rank.rank,
