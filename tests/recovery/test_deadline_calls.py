@@ -100,6 +100,21 @@ def test_a_spent_budget_still_holds_a_deadline_stop_back() -> None:
     assert client.stopped == ["arn:task/0"]
 
 
+def test_a_rank_first_asked_under_a_spent_budget_is_left_marked_to_the_stop_that_follows() -> None:
+    """Given the ECS budget spent
+    When the rank on a node AWS takes is asked to stop first
+    Then it is marked asked and nothing is raised: the move goes on to the gang's stop, and the
+    notice's sweep asks a marked rank again."""
+    client = _Ecs()
+    budget = EcsCallBudget(_Budget([]), TokenBucket(rate=1, burst=1), max_wait_seconds=0.0)
+    ecs = EcsAdapter(client, "gpu", budget=budget)
+    ecs.stop_task_before_deadline("arn:task/0", "the one token")
+    marks = _Marks()
+    stop_first([_rank()], "suspended: AWS takes the node", marks, ecs)
+    assert marks.marked == [1]
+    assert client.stopped == ["arn:task/0"]
+
+
 def test_an_ordinary_stop_is_held_back_by_the_budgets_item_failing() -> None:
     """Given the ECS budget's item failing
     When a stop with no deadline (a gang's paced stop) is asked for

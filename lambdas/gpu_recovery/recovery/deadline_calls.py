@@ -16,6 +16,7 @@ from typing import Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery import clock
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.domain.models import Rank
 from gpu_recovery.domain.states import system_stop_reason
 from gpu_recovery.once_more import twice
@@ -44,7 +45,7 @@ def stop_first(ranks: Iterable[Rank], why: str, marks: StopMarks, ecs: TaskStopp
         try:
             twice(partial(marks.request_rank_stop, rank, why, clock.now(), watched=watched))
             twice(partial(ecs.stop_task_before_deadline, rank.task_arn, system_stop_reason(why)))
-        except (ClientError, BotoCoreError) as error:
+        except (ClientError, BotoCoreError, RateLimited) as error:
             logger.warning("a rank on a node AWS takes not asked first: the gang's stop or the "
                            "sweep asks it", extra={"job_id": rank.job_id, "rank": rank.rank,
                                                    "error": str(error)})
