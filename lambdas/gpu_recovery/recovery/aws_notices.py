@@ -67,7 +67,6 @@ from gpu_recovery.recovery.ports import (
     ListsContainerInstances,
     MetricsPort,
     Outcome,
-    StopsTasks,
     after_commit,
 )
 from gpu_recovery.recovery.reactions import FaultSeen, Reactions
@@ -108,7 +107,7 @@ class NoticeData(HasJobs[NoticeJobs], HasInstances[NoticeNodes], Protocol):
     """The node and the jobs on it."""
 
 
-class NoticeEcs(StopsTasks, TaskStopper, ListsContainerInstances, Protocol):
+class NoticeEcs(TaskStopper, ListsContainerInstances, Protocol):
     """The nodes a notice names (found by a query), their drain, and a rank's stop."""
 
     def drain(self, container_instance_arn: str) -> str: ...
