@@ -7,6 +7,7 @@ placement failures (retried silently) and give-ups are counted apart."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from gpu_recovery import constants as C
 from gpu_recovery.adapters import aws
 from gpu_recovery.constants import JobState
-from gpu_recovery.recovery.queue_launches import LAUNCH_GIVE_UP_LIMIT
+from gpu_recovery.recovery.queue_launches import LAUNCH_GIVE_UP_LIMIT, MAX_LAUNCH_RESENDS
 from gpu_recovery.repository.scheduling import SchedulingRepository
 from local_mode.sim.broken_calls import LOST_RESPONSE, THROTTLE
 from tests.fixtures.queue_cluster import QueueCluster, make_queue_cluster
@@ -165,6 +166,39 @@ def test_the_third_launch_given_up_in_a_row_fails_the_job_told_why(two_nodes, mo
         qc.sim.run_for(60)
         qc.recovery.sweep()
     assert qc.live_tasks(job) == [] and "stop_fanout" not in qc.item(job)
+
+
+def test_a_launch_is_sent_again_every_two_minutes_though_its_sends_are_slow(two_nodes, monkeypatch):
+    """Given a 2-node job whose rank 1 is never started (its launch lease always held elsewhere,
+    as a dead holder's is for a while), each refused claim taking 5 s, so each send of the
+    launch is recorded seconds into its minute
+    When the sweep (at the start of every minute) looks after the launch until it is given up
+    Then after the launch's first look, rank 1's start is tried by the sweep every two minutes
+    (MAX_LAUNCH_RESENDS times in all): a resend that waited for two full minutes after the send
+    skipped to the sweep after (three minutes), and a launch was given up after two resends
+    (driver_warning s430 at 8 %)."""
+    qc = two_nodes
+    tries: list[float] = []
+    gang = qc.recovery.gang
+    real_claim = gang.fanouts.claim_rank_launch
+
+    def claim(rank: Any, *args: Any, **kwargs: Any) -> bool:
+        if rank.rank != 1:
+            return real_claim(rank, *args, **kwargs)
+        tries.append(qc.sim.now())
+        qc.sim.clock.advance(5)
+        return False
+
+    monkeypatch.setattr(gang.fanouts, "claim_rank_launch", claim)
+    job = qc.submit(nnodes=2, gpus=8)
+    qc.scheduler().tick()
+    assert qc.state(job) is JobState.STARTING and len(tries) == 1
+    while qc.state(job) is JobState.STARTING:
+        qc.sim.run_until((qc.sim.now() // 60 + 1) * 60)  # the sweeps keep their own second
+        qc.recovery.sweep()
+    assert "did not complete" in qc.item(job)["last_error"]
+    resends = [later - earlier for earlier, later in itertools.pairwise(tries[1:])]
+    assert len(tries) == 1 + MAX_LAUNCH_RESENDS and all(gap == 120 for gap in resends), tries
 
 
 def test_a_launch_that_completes_starts_the_count_again(two_nodes, monkeypatch):

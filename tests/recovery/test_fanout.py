@@ -18,9 +18,8 @@ from gpu_recovery.domain.fault_tally import tally_shard_count
 from gpu_recovery.domain.gang_batches import INLINE_MAX_RANKS
 from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.rate_limit import TokenBucket
-from gpu_recovery.recovery import gang_restart
 from gpu_recovery.recovery import sweep as sweep_mod
-from gpu_recovery.recovery.fanout_send import SEND_CLAIM_SECONDS
+from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, SEND_CLAIM_SECONDS
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, RECHECK_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
@@ -142,13 +141,13 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
             w.drain_queue()
         assert died == [12] and w.repo.jobs.get_job("big").state is JobState.STARTING
         assert w.repo.jobs.get_rank("big", 12).attempt == 2 and w.repo.jobs.get_rank("big", 39).attempt == 1
-        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.advance(RESEND_AFTER_SECONDS + 1)
         w.service.sweep()
         w.drain_queue()
         job = w.repo.jobs.get_job("big")
         assert job.state is JobState.RUNNING, job.state
         rank0, last = w.repo.jobs.get_rank("big", 0), w.repo.jobs.get_rank("big", WORLD - 1)
-        assert last.registered_at - rank0.registered_at > gang_restart.RESEND_AFTER_SECONDS
+        assert last.registered_at - rank0.registered_at > RESEND_AFTER_SECONDS
         item = w.repo.jobs.get_job_item("big") or {}
         [confirmed] = [e for e in item["history"] if e.get("to") == JobState.RUNNING.value
                        and e.get("from") == JobState.STARTING.value]
@@ -157,6 +156,47 @@ def test_a_registration_whose_latch_arrival_died_is_counted_by_the_sweep_s_resen
         # are read from: a relocation's, the placement holds', preemption's).
         nodes = {w.repo.jobs.get_rank("big", r).container_inst_id for r in range(WORLD)}
         assert w.repo.latches.job_nodes("big", 2, WORLD) == nodes
+
+
+def test_a_batch_resent_late_in_its_sweep_is_resent_again_by_the_sweep_two_minutes_on() -> None:
+    """The restart's batch dies (rank 12); the sweep two minutes on sends it again, 5 s into
+    its run (a slow SendMessageBatch), and that delivery dies too (rank 20). The sweep a minute
+    later leaves it (55 s old: it may still be running); the sweep after, 115 s after that send,
+    sends it again, and the job runs. Waiting for a full RESEND_AFTER_SECONDS skipped that
+    sweep: resends came three minutes apart, and a launch was given up after two resends in
+    its eight minutes (driver_warning s430 at 8 %)."""
+    with world(gang_queue=True, max_app_restarts=1) as w:
+        assert w.queue is not None
+        _restart_pending(w)
+        assert _die_once_at_registered_arrival(w, 12) is not None
+        with pytest.raises(TimeoutError):
+            w.drain_queue()
+        w.advance(60)
+        w.service.sweep()
+        assert not w.queue.messages  # sent a minute ago: left to run
+        send = w.queue.send
+
+        def slow_send(bodies: Any, delay_seconds: int = 0) -> None:
+            w.advance(5)
+            send(bodies, delay_seconds)
+
+        w.queue.send = slow_send  # type: ignore[method-assign]
+        w.advance(60)
+        w.service.sweep()
+        assert w.queue.messages
+        died = _die_once_at_registered_arrival(w, 20)
+        with pytest.raises(TimeoutError):
+            w.drain_queue()
+        assert died == [20]
+        sends = w.queue.sends
+        w.advance(55)  # the next sweep, at its own second: 55 s after the late send
+        w.service.sweep()
+        assert w.queue.sends == sends
+        w.advance(60)
+        w.service.sweep()
+        assert w.queue.sends == sends + 1, "the sweep 115 s after the late send sends the batch again"
+        w.drain_queue()
+        assert w.repo.jobs.get_job("big").state is JobState.RUNNING
 
 
 def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> None:
@@ -172,7 +212,7 @@ def test_a_rank_whose_call_started_is_registered_with_its_own_node_s_task() -> N
         assert died == [18]
         assert w.repo.jobs.get_rank("big", 18).attempt == 2 and w.repo.jobs.get_rank("big", 19).attempt == 1
         starts = list(w.ecs.start_calls)
-        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.advance(RESEND_AFTER_SECONDS + 1)
         w.service.sweep()
         w.drain_queue()
         assert w.repo.jobs.get_job("big").state is JobState.RUNNING
@@ -296,7 +336,7 @@ def test_a_start_call_that_fails_still_lets_the_batch_s_other_calls_start_first(
         assert w.ecs.start_calls == [10, 10, 10, 10]
         ranks = {r.rank: r.attempt for r in w.repo.jobs.get_ranks(w.repo.jobs.get_job("big"))}
         assert [r for r, attempt in ranks.items() if attempt == 2] == list(range(10, WORLD))
-        w.advance(gang_restart.RESEND_AFTER_SECONDS + 1)
+        w.advance(RESEND_AFTER_SECONDS + 1)
         w.service.sweep()
         w.drain_queue()
         assert w.repo.jobs.get_job("big").state is JobState.RUNNING
@@ -547,7 +587,7 @@ def test_a_take_over_whose_look_up_failed_gives_its_leases_back_to_the_redeliver
         _first_start_fails(w, "lose")
         with pytest.raises(LostResponse):
             w.drain_queue()
-        w.advance(gang_restart.RESEND_AFTER_SECONDS)
+        w.advance(RESEND_AFTER_SECONDS)
         w.service.sweep()
         batch = [body for body, _ in w.queue.messages]
         w.ecs.failures["tasks_started_by"] = ["refuse"]

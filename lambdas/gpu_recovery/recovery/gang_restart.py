@@ -57,6 +57,7 @@ from gpu_recovery.domain.states import (
 )
 from gpu_recovery.domain.time_sharing import DEFAULT_SUSPEND_GRACE_SECONDS, SuspendKind
 from gpu_recovery.recovery.breaker.held_jobs import HeldJobs
+from gpu_recovery.recovery.fanout_send import resend_due
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.lost_stop_events import DescribesTasks, handle_stopped
@@ -77,9 +78,6 @@ logger = logging.getLogger(__name__)
 # The goodput ledger: a STARTING -> RUNNING written this soon after the restart's claim
 # is on time (its own time is when the gang ran); later, rank 0's registration says when.
 PROMPT_CONFIRMATION_SECONDS = 5.0
-# A restart whose batches were sent this long ago and are still not all registered is
-# sent again by the sweep (batches skip what is done).
-RESEND_AFTER_SECONDS = 120
 _SPARE_FIRST_ROUNDS = 3  # a verdict landing meanwhile: decide again on fresh counts
 _NO_SPARE_ACTION = ("Add GPU capacity (or keep spare nodes free), look after the faulty node, and "
                     "resubmit the job.")
@@ -503,7 +501,7 @@ class GangRestart:
             # Ranks a placement race left unplaced, and their nodes still not free: it ends.
             self.fail_waiting(job, wait.timeout_reason(), "Free the node(s) named, then resubmit the job.")
             return "restart_timed_out"
-        if wait is not None or not sent_at or now >= sent_at + RESEND_AFTER_SECONDS:
+        if wait is not None or resend_due(sent_at, now):
             action = "restart_resuming"
             self._launch(job)
         fresh = self.data.jobs.get_job(job.job_id)

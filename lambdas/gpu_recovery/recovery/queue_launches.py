@@ -44,8 +44,9 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.rank_template import LAUNCH, RankTemplate, intent_kind
 from gpu_recovery.domain.states import JobState, RankState
+from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, resend_due
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.gang_restart import RESEND_AFTER_SECONDS, GangRestart
+from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import job_failed
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.repository.latches import LatchRepository
@@ -293,7 +294,7 @@ class QueueLaunches:
                 action, "launch_moved_on")
         action = "launch_waiting"
         sent_at = float(job.start_fanout.get("sent_at") or 0.0)
-        if is_launch(job) and (not sent_at or now >= sent_at + RESEND_AFTER_SECONDS):
+        if is_launch(job) and resend_due(sent_at, now):
             action = "launch_resuming"
             try:
                 self.gang.start(job)
