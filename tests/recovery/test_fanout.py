@@ -168,9 +168,10 @@ def test_a_batch_resent_late_in_its_sweep_is_resent_again_by_the_sweep_two_minut
     with world(gang_queue=True, max_app_restarts=1) as w:
         assert w.queue is not None
         _restart_pending(w)
-        assert _die_once_at_registered_arrival(w, 12) is not None
+        first_died = _die_once_at_registered_arrival(w, 12)
         with pytest.raises(TimeoutError):
             w.drain_queue()
+        assert first_died == [12]
         w.advance(60)
         w.service.sweep()
         assert not w.queue.messages  # sent a minute ago: left to run

@@ -11,6 +11,9 @@ sweep too). A start intent's batches not all registered are sent again by the sw
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gpu_recovery import clock
 from gpu_recovery.constants import RETRY_INTERVAL_SECONDS
 from gpu_recovery.domain.gang_batches import GangBatch, GangQueuePort
@@ -24,12 +27,13 @@ SEND_CLAIM_SECONDS = 30.0
 RESEND_AFTER_SECONDS = 120
 
 
-def resend_due(sent_at: float, now: float) -> bool:
+def resend_due(intent: Mapping[str, Any], now: float) -> bool:
     """A start intent never sent, or sent about RESEND_AFTER_SECONDS ago: the sweep nearest that
     age sends it again. Sweeps come every RETRY_INTERVAL_SECONDS at a second of their own, and a
     send is recorded seconds into its invocation: the sweep two minutes on is a little short of
     the full interval, and waiting for it made every resend three minutes apart (s430 at 8 %: a
     launch given up after two resends in its eight minutes, not three)."""
+    sent_at = float(intent.get("sent_at") or 0.0)
     return not sent_at or now - sent_at >= RESEND_AFTER_SECONDS - RETRY_INTERVAL_SECONDS / 2
 
 

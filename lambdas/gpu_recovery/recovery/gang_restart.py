@@ -494,14 +494,13 @@ class GangRestart:
         if Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size):
             return "restart_confirmed" if self.on_started(job) else "restart_raced"
         now = clock.now()
-        sent_at = float(job.start_fanout.get("sent_at") or 0.0)
         action = "restart_waiting"
         wait = job.restart_wait
         if wait is not None and wait.expired(now):
             # Ranks a placement race left unplaced, and their nodes still not free: it ends.
             self.fail_waiting(job, wait.timeout_reason(), "Free the node(s) named, then resubmit the job.")
             return "restart_timed_out"
-        if wait is not None or resend_due(sent_at, now):
+        if wait is not None or resend_due(job.start_fanout, now):
             action = "restart_resuming"
             self._launch(job)
         fresh = self.data.jobs.get_job(job.job_id)

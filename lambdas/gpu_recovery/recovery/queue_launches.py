@@ -293,8 +293,7 @@ class QueueLaunches:
             return {"requeued": "launch_given_up", "failed": "launch_given_up_failed"}.get(
                 action, "launch_moved_on")
         action = "launch_waiting"
-        sent_at = float(job.start_fanout.get("sent_at") or 0.0)
-        if is_launch(job) and resend_due(sent_at, now):
+        if is_launch(job) and resend_due(job.start_fanout, now):
             action = "launch_resuming"
             try:
                 self.gang.start(job)
