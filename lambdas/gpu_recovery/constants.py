@@ -112,6 +112,10 @@ RECOVERY_SWEEP_RATE_SECONDS, RECOVERY_SWEEP_TIMEOUT_SECONDS = 60, 55
 #: a recovery step that must be looked at again (a claim in flight, GPUs still held, nothing
 #: placed yet) is due this far ahead: the recovery sweep's next run
 RETRY_INTERVAL_SECONDS = RECOVERY_SWEEP_RATE_SECONDS
+#: the recovery sweep takes what falls due this long after its own start too: EventBridge runs a
+#: scheduled rule within its minute, not on the same second each minute, so a step rearmed a sweep
+#: interval after one sweep's start could fall just after the next one's and wait a minute more
+SWEEP_DUE_LEAD_SECONDS = RECOVERY_SWEEP_RATE_SECONDS // 4
 #: the same while AWS takes a node away (recovery.aws_notices): a 2-minute notice has no minute to lose
 NOTICE_RETRY_SECONDS = RECOVERY_SWEEP_RATE_SECONDS // 2
 HEARTBEAT_SWEEP_RATE_SECONDS, HEARTBEAT_SWEEP_TIMEOUT_SECONDS = 60, 55

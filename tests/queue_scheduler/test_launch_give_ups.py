@@ -199,6 +199,9 @@ def test_a_launch_is_sent_again_every_two_minutes_though_its_sends_are_slow(two_
     assert "did not complete" in qc.item(job)["last_error"]
     resends = [later - earlier for earlier, later in itertools.pairwise(tries[1:])]
     assert len(tries) == 1 + MAX_LAUNCH_RESENDS and all(gap == 120 for gap in resends), tries
+    # Given up by the sweep nearest eight minutes after the claim (a second into its tick), not
+    # by the one a minute later (which resent the launch once more first).
+    assert qc.sim.now() - tries[0] == 8 * 60 - 1, qc.sim.now() - tries[0]
 
 
 def test_a_launch_that_completes_starts_the_count_again(two_nodes, monkeypatch):

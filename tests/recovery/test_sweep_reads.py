@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain.models import Instance
+from gpu_recovery.recovery import sweep as sweep_module
 from tests.recovery.fakes import CountedCalls, World, world
 
 
@@ -16,11 +18,12 @@ def index_reads(w: World) -> CountedCalls:
     return CountedCalls(w.repo._repo.deadlines, ("job_items", "due_job_item_pages"))
 
 
-def _waiting_for_its_check(w: World) -> float:
+def _waiting_for_its_check(w: World, job_id: str = "j", nodes: tuple[str, ...] = ("node-a", "node-b")
+                           ) -> float:
     """A 2-rank job whose rank 1 exited 1: PENDING_HEALTHCHECK, its deadline a minute away."""
-    arns = w.register_job("j", ["node-a", "node-b"])
+    arns = w.register_job(job_id, list(nodes))
     w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-    item = w.repo.jobs.get_job_item("j")
+    item = w.repo.jobs.get_job_item(job_id)
     assert item is not None and item["job_state"] == JobState.PENDING_HEALTHCHECK.value
     return float(item["deadline_at"])
 
@@ -47,6 +50,56 @@ def test_a_due_job_item_is_queried_and_moved_on() -> None:
         assert reads.calls == ["job_items", "due_job_item_pages"]
         item = w.repo.jobs.get_job_item("j")
         assert item is not None and float(item["deadline_at"]) > w.now[0]
+
+
+def test_a_step_rearmed_for_the_next_sweep_is_taken_by_it_though_that_sweep_starts_early() -> None:
+    """EventBridge runs the sweep's rule within its minute, not on the same second each minute:
+    a job rearmed a minute after one sweep's start (1.5 s into its minute) is stepped by the next
+    sweep, which starts 3 s short of a minute later, not left for the one after."""
+    with world() as w:
+        deadline = _waiting_for_its_check(w)
+        w.now[0] = deadline + 1.5
+        w.service.sweep()
+        item = w.repo.jobs.get_job_item("j")
+        assert item is not None and float(item["deadline_at"]) == pytest.approx(w.now[0] + 60)
+        reads = index_reads(w)
+        w.now[0] += 60 - 3
+        w.service.sweep()
+        assert reads.calls == ["job_items", "due_job_item_pages"]
+        item = w.repo.jobs.get_job_item("j")
+        assert item is not None and float(item["deadline_at"]) == pytest.approx(w.now[0] + 60)
+
+
+def test_an_item_rearmed_within_the_lead_is_stepped_once_a_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that rearms its item a few seconds on (its own deadline, within the sweep's lead)
+    meets it again in a later page of the same pass: it is stepped once, the next sweep takes it."""
+    with world() as w:
+        _waiting_for_its_check(w)
+        deadline = _waiting_for_its_check(w, "k", ("node-c", "node-d"))
+        w.now[0] = deadline + 1
+        monkeypatch.setattr(sweep_module, "DUE_PAGE", 1)
+        stepped: list[str] = []
+
+        def rearm_shortly(item: dict[str, object], now: float) -> str:
+            job = w.repo.jobs.job_from_item(dict(item))
+            stepped.append(job.job_id)
+            w.repo.deadlines.rearm_job(job, now + 5)
+            return "rearmed_shortly"
+
+        def rearm_node_shortly(instance: Instance, now: float) -> str:
+            stepped.append(instance.container_inst_id)
+            w.repo.deadlines.rearm_instance(instance.container_inst_id, instance.state, now + 5)
+            return "rearmed_shortly"
+
+        for node in ("node-b", "node-d"):  # due too, a second apart
+            instance = w.repo.instances.get_instance(node)
+            assert instance is not None
+            w.repo.deadlines.rearm_instance(node, instance.state, w.now[0] - (2 if node == "node-b" else 1))
+        monkeypatch.setattr(w.service.sweeper, "_job_item", rearm_shortly)
+        monkeypatch.setattr(w.service.sweeper, "_instance", rearm_node_shortly)
+        handled = w.service.sweep().detail["handled"]
+        assert sorted(stepped) == ["j", "k", "node-b", "node-d"], stepped
+        assert handled.get("rearmed_shortly") == 4, handled
 
 
 def test_a_write_before_the_job_items_brings_the_query_back(monkeypatch: pytest.MonkeyPatch) -> None:

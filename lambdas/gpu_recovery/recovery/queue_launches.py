@@ -285,7 +285,9 @@ class QueueLaunches:
         # STARTING and not complete (in the write: a launch completing meanwhile runs on).
         claimed_at = float(job.start_fanout.get("at") or now)
         give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
-        if is_launch(job) and now >= give_up_at:
+        # The sweep nearest that time gives up, as ``resend_due`` resends: the claim is recorded
+        # seconds into its invocation, and the sweep a second short of it resent once more.
+        if is_launch(job) and now >= give_up_at - RETRY_INTERVAL_SECONDS / 2:
             from gpu_recovery.queue.admission import FailureKind  # as on_started's import
 
             why = f"launch did not complete after {int(now - claimed_at)} s"

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
-from gpu_recovery.constants import DEADLINE_SK, RETRY_INTERVAL_SECONDS
+from gpu_recovery.constants import DEADLINE_SK, JOB_PK, RETRY_INTERVAL_SECONDS, SWEEP_DUE_LEAD_SECONDS
 from gpu_recovery.domain.heartbeat_policy import (
     BACKSTOP_MARGIN_SECONDS,
     BACKSTOP_RECHECK_SECONDS,
@@ -79,6 +79,9 @@ MAX_DUE_PAGES = 20
 TIME_MARGIN_SECONDS = 12.0
 # The attribute syncs go first but leave the due steps this much of the sweep's time.
 STEPS_SHARE_SECONDS = 20.0
+
+# Pages of due items' steps: each a call and what its log names.
+DueSteps = Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]
 
 
 def any_due(deadline_items: Iterable[Mapping[str, Any]], now: float) -> bool:
@@ -166,8 +169,12 @@ class Sweep:
             logger.exception("cordon sweep failed")
             handled["error"] = handled.get("error", 0) + 1
         overdue = OverdueTally(now)  # counted from the due job items read anyway
-        kinds = [self._instance_steps(now), self._job_item_steps(now, overdue, none_due=lambda: (
-            not unread and job_deadlines is not None and not any_due(job_deadlines, now)))]
+        # What falls due within the lead is taken now (each step still judges its own times
+        # against ``now``): the next sweep may start a little less than a minute after this one.
+        due_by = now + SWEEP_DUE_LEAD_SECONDS
+        kinds = [self._instance_steps(now, due_by), self._job_item_steps(
+            now, due_by, overdue, none_due=lambda: (
+                not unread and job_deadlines is not None and not any_due(job_deadlines, due_by)))]
         for _ in range(MAX_DUE_PAGES):
             for kind in list(kinds):
                 try:
@@ -209,18 +216,26 @@ class Sweep:
             handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})
 
-    def _instance_steps(self, now: float) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
-        for page in self.data.deadlines.due_instance_pages(now, DUE_PAGE):
-            yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
+    # An item is stepped once a pass: one rearmed within the lead (to its own deadline, a few
+    # seconds on) comes again in a later page of the same Query, and waits for the next sweep.
+    def _instance_steps(self, now: float, due_by: float) -> DueSteps:
+        stepped: set[str] = set()
+        for page in self.data.deadlines.due_instance_pages(due_by, DUE_PAGE):
+            fresh = [i for i in page if i.container_inst_id not in stepped]
+            stepped.update(i.container_inst_id for i in fresh)
+            yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in fresh]
 
-    def _job_item_steps(self, now: float, overdue: OverdueTally, *, none_due: Callable[[], bool]
-                        ) -> Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]:
+    def _job_item_steps(self, now: float, due_by: float, overdue: OverdueTally, *,
+                        none_due: Callable[[], bool]) -> DueSteps:
         """``none_due()``, asked when the first page is: the sweep's read of the index,
         nothing written since, says no job item is due (the page the Query would give)."""
-        pages = iter([[]]) if none_due() else self.data.deadlines.due_job_item_pages(now, DUE_PAGE)
+        pages = iter([[]]) if none_due() else self.data.deadlines.due_job_item_pages(due_by, DUE_PAGE)
+        stepped: set[str] = set()
         for page in pages:
-            overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
-            yield [(partial(self._job_item, item, now), {"key": item.get("job_id_rank")}) for item in page]
+            fresh = [item for item in page if str(item.get(JOB_PK)) not in stepped]
+            stepped.update(str(item.get(JOB_PK)) for item in fresh)
+            overdue.add_page(item[DEADLINE_SK] for item in fresh if item.get("item_type") == "JOB")
+            yield [(partial(self._job_item, item, now), {"key": item.get(JOB_PK)}) for item in fresh]
 
     def _job_deadlines(self) -> list[dict[str, Any]] | None:
         """The job table's deadline index, whole; None if it could not be read (the holds then
