@@ -27,26 +27,28 @@ def test_a_flow_with_one_percent_of_its_calls_failing_repairs_no_healthy_node(fl
 
 
 def test_a_running_job_s_stop_lost_to_three_injected_failures_is_redriven_as_the_runbook_says() -> None:
-    """held_autoclose with 3 % of its calls failing, seed 7: rank 0's attempt-2 STOPPED event
-    (exit 0) meets an injected lost response on each of its three deliveries (the job's GetItem
-    twice, the rank's look-up once), so it is dead-lettered before anything is written, and the
-    sweep does not replay it for a RUNNING job (docs/recovery-loop.md, "Known limits"). The flow
-    redrives it as the DLQ runbook does (``runner.redrive_lost_stops``): the job completes, its
-    goodput ledger right; without the redrive it stayed RUNNING, 4560 s counted productive."""
-    with calls_failing(0.03, 7):
+    """held_autoclose with 3 % of its calls failing, seed 205 (seed 7 until the sweep's lead
+    changed the dice): rank 0's STOPPED event of the job's current attempt (exit 0) meets an
+    injected failure on each of its three deliveries (the rank's look-up lost, then throttled,
+    then a write's answer lost), so it is dead-lettered with the rank's end written but not
+    counted (rank 0 DONE, the job RUNNING), and the sweep does not replay it for a RUNNING job
+    (docs/recovery-loop.md, "Known limits"). The flow redrives it as the DLQ runbook does
+    (``runner.redrive_lost_stops``): the job completes, its goodput ledger right."""
+    with calls_failing(0.03, 205):
         result = recovery.run("held_autoclose")
     assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
     assert result.problems() == [], result.broken
 
 
 def test_a_stop_whose_first_delivery_wrote_the_rank_s_end_but_not_its_count_is_redriven_too() -> None:
-    """large with 3 % of its calls failing, seed 44 (seed 11 until the calls of a start's look-up
-    and of a stop batch changed the dice): a rank's STOPPED event writes the rank's end on its
-    first delivery, and each of its three deliveries meets an injected failure before that end is
-    counted towards the job, so the rank is terminal while the job stays RUNNING. The runbook's
+    """large with 3 % of its calls failing, seed 75 (seed 11, then 44, until the calls of a start's
+    look-up and of a stop batch, then the sweep's lead, changed the dice): a rank's STOPPED event
+    writes the rank's end on its first delivery, and each of its three deliveries meets an
+    injected failure before that end is counted towards the job, so the rank is terminal while
+    the job stays RUNNING (rank 0 DONE, the job RUNNING, before the redrive). The runbook's
     redrive replays every dead-lettered stop of the job's current ranks, ended or not; the
     redelivery finishes the count and the job completes."""
-    with calls_failing(0.03, 44):
+    with calls_failing(0.03, 75):
         result = RUNS["large"](None)
     assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
     assert result.problems() == [], result.broken
