@@ -27,6 +27,13 @@ SEND_CLAIM_SECONDS = 30.0
 RESEND_AFTER_SECONDS = 120
 
 
+def by_the_nearest_sweep(at: float, now: float) -> bool:
+    """Whether ``now``'s sweep is the one nearest ``at`` (or a later one): sweeps come every
+    RETRY_INTERVAL_SECONDS at a second of their own, and a time recorded seconds into an
+    invocation is met by no sweep exactly; waiting for the first sweep past it loses a minute."""
+    return now >= at - RETRY_INTERVAL_SECONDS / 2
+
+
 def resend_due(intent: Mapping[str, Any], now: float) -> bool:
     """A start intent never sent, or sent about RESEND_AFTER_SECONDS ago: the sweep nearest that
     age sends it again. Sweeps come every RETRY_INTERVAL_SECONDS at a second of their own, and a
@@ -34,7 +41,7 @@ def resend_due(intent: Mapping[str, Any], now: float) -> bool:
     the full interval, and waiting for it made every resend three minutes apart (s430 at 8 %: a
     launch given up after two resends in its eight minutes, not three)."""
     sent_at = float(intent.get("sent_at") or 0.0)
-    return not sent_at or now - sent_at >= RESEND_AFTER_SECONDS - RETRY_INTERVAL_SECONDS / 2
+    return not sent_at or by_the_nearest_sweep(sent_at + RESEND_AFTER_SECONDS, now)
 
 
 def send_once(fanouts: GangFanoutRepository, queue: GangQueuePort, job: Job, kind: str, attempt: int,

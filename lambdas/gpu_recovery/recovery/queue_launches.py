@@ -44,7 +44,7 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.models import Job, Rank
 from gpu_recovery.domain.rank_template import LAUNCH, RankTemplate, intent_kind
 from gpu_recovery.domain.states import JobState, RankState
-from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, resend_due
+from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, by_the_nearest_sweep, resend_due
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.goodput_metrics import job_failed
@@ -287,7 +287,7 @@ class QueueLaunches:
         give_up_at = claimed_at + RESEND_AFTER_SECONDS * (MAX_LAUNCH_RESENDS + 1 + job.world_size // 256)
         # The sweep nearest that time gives up, as ``resend_due`` resends: the claim is recorded
         # seconds into its invocation, and the sweep a second short of it resent once more.
-        if is_launch(job) and now >= give_up_at - RETRY_INTERVAL_SECONDS / 2:
+        if is_launch(job) and by_the_nearest_sweep(give_up_at, now):
             from gpu_recovery.queue.admission import FailureKind  # as on_started's import
 
             why = f"launch did not complete after {int(now - claimed_at)} s"

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpu_recovery import clock
 from gpu_recovery.constants import DEADLINE_SK, JOB_PK, RETRY_INTERVAL_SECONDS, SWEEP_DUE_LEAD_SECONDS
@@ -82,6 +82,18 @@ STEPS_SHARE_SECONDS = 20.0
 
 # Pages of due items' steps: each a call and what its log names.
 DueSteps = Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]
+
+T = TypeVar("T")
+
+
+def once_each(pages: Iterable[list[T]], key: Callable[[T], str]) -> Iterator[list[T]]:
+    """Each item once a pass: one a step rearmed within the lead (to its own deadline, a few
+    seconds on) comes again in a later page of the same Query, and waits for the next sweep."""
+    seen: set[str] = set()
+    for page in pages:
+        fresh = [item for item in page if key(item) not in seen]
+        seen.update(key(item) for item in fresh)
+        yield fresh
 
 
 def any_due(deadline_items: Iterable[Mapping[str, Any]], now: float) -> bool:
@@ -216,26 +228,21 @@ class Sweep:
             handled["deferred_to_next_sweep"] = deferred
         return Outcome("swept", detail={"handled": handled})
 
-    # An item is stepped once a pass: one rearmed within the lead (to its own deadline, a few
-    # seconds on) comes again in a later page of the same Query, and waits for the next sweep.
     def _instance_steps(self, now: float, due_by: float) -> DueSteps:
-        stepped: set[str] = set()
-        for page in self.data.deadlines.due_instance_pages(due_by, DUE_PAGE):
-            fresh = [i for i in page if i.container_inst_id not in stepped]
-            stepped.update(i.container_inst_id for i in fresh)
-            yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in fresh]
+        pages = once_each(self.data.deadlines.due_instance_pages(due_by, DUE_PAGE),
+                          lambda i: i.container_inst_id)
+        for page in pages:
+            yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
 
     def _job_item_steps(self, now: float, due_by: float, overdue: OverdueTally, *,
                         none_due: Callable[[], bool]) -> DueSteps:
         """``none_due()``, asked when the first page is: the sweep's read of the index,
         nothing written since, says no job item is due (the page the Query would give)."""
-        pages = iter([[]]) if none_due() else self.data.deadlines.due_job_item_pages(due_by, DUE_PAGE)
-        stepped: set[str] = set()
+        pages = iter([[]]) if none_due() else once_each(
+            self.data.deadlines.due_job_item_pages(due_by, DUE_PAGE), lambda item: str(item.get(JOB_PK)))
         for page in pages:
-            fresh = [item for item in page if str(item.get(JOB_PK)) not in stepped]
-            stepped.update(str(item.get(JOB_PK)) for item in fresh)
-            overdue.add_page(item[DEADLINE_SK] for item in fresh if item.get("item_type") == "JOB")
-            yield [(partial(self._job_item, item, now), {"key": item.get(JOB_PK)}) for item in fresh]
+            overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
+            yield [(partial(self._job_item, item, now), {"key": item.get(JOB_PK)}) for item in page]
 
     def _job_deadlines(self) -> list[dict[str, Any]] | None:
         """The job table's deadline index, whole; None if it could not be read (the holds then
