@@ -7,8 +7,11 @@ origin keeps its own path."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
+
+import pytest
 
 from gpu_recovery.constants import (
     DEADLINE_SK,
@@ -41,13 +44,14 @@ def _flagged_while_reporting(world: Any) -> RecoveryLoop:
     return loop
 
 
-def _instance_event(*, connected: bool, marked: bool = True, version: int = 7) -> EcsContainerInstanceDetail:
+def _instance_event(*, connected: bool, marked: bool = True, version: int = 7,
+                    status: str = "ACTIVE") -> EcsContainerInstanceDetail:
     detail = json.loads((EVENTS / "aws_doc_ecs_container_instance_state_change.json").read_text())["detail"]
     attributes = [a for a in detail.get("attributes") or [] if a.get("name") != LOST_NODE_ATTRIBUTE]
     if marked:
         attributes.append({"name": LOST_NODE_ATTRIBUTE, "value": "1"})
     detail.update(containerInstanceArn=NODE_ARN, clusterArn=CLUSTER_ARN, agentConnected=connected,
-                  status="ACTIVE", version=version, attributes=attributes)
+                  status=status, version=version, attributes=attributes)
     return EcsContainerInstanceDetail.model_validate(detail)
 
 
@@ -162,6 +166,63 @@ def test_a_missing_answer_at_the_sweeps_look_keeps_the_look(world) -> None:
     assert loop.checks() == [] and world.node_item(NODE).get(DEADLINE_SK) is not None
     loop.ecs.missing_nodes.discard(NODE)
     _back_at_the_sweeps_next_look(world, loop)
+
+
+def test_a_lost_node_deregistered_is_no_longer_looked_at(world) -> None:
+    """Given a lost node whose host was terminated while its ECS agent was away (ECS does not
+    deregister it then), When a person deregisters it and the sweep's look reads it INACTIVE,
+    Then the look ends (before: every 5 minutes for good) and the node stays SUSPECT, its record
+    for a person, with when it left; a later sweep asks ECS nothing more of it."""
+    loop = _flagged_while_reporting(world)
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert world.node_item(NODE).get(DEADLINE_SK) is not None  # still away: looked at again
+    looked_at = world.repo.instances.get_instance(NODE)  # as a sweep racing the end read it
+    loop.ecs.deregistered_nodes.add(NODE)
+    world.clock.advance(301)
+    loop.service.sweep()
+    assert not world.repo.validations.rearm_lost_node(looked_at, world.clock() + 300)  # the race's rearm
+    node = world.node_item(NODE)
+    assert node.get(DEADLINE_SK) is None and node["deregistered_at"] == world.clock()
+    assert world.instance_state(NODE) is InstanceState.SUSPECT and node["suspect_origin"] == "lost_node"
+    asked = len(loop.ecs.described)
+    world.clock.advance(3600)
+    loop.service.sweep()
+    assert len(loop.ecs.described) == asked and loop.checks() == []
+
+
+def test_a_lost_nodes_deregistration_event_ends_its_look_once(world) -> None:
+    """Given a lost node, When the container-instance event of its deregistration arrives (status
+    INACTIVE, the mark still among its attributes), Then its look ends; a redelivery writes nothing."""
+    loop = _flagged_while_reporting(world)
+    event = _instance_event(connected=False, status="INACTIVE")
+    assert loop.service.on_container_instance_change(event).action == "lost_node_deregistered"
+    assert world.node_item(NODE).get(DEADLINE_SK) is None
+    assert loop.service.on_container_instance_change(event).action == "duplicate"
+    assert world.instance_state(NODE) is InstanceState.SUSPECT and loop.checks() == []
+
+
+@pytest.mark.parametrize("how", ["refuse", "lose"])
+def test_a_lost_nodes_look_ends_though_its_write_fails_once(world, how: str) -> None:
+    """Given a deregistered lost node, When the write that ends its look is throttled (or its
+    response lost), Then the next sweep ends it (or finds nothing more to do): the look ends."""
+    loop = _flagged_while_reporting(world)
+    loop.ecs.deregistered_nodes.add(NODE)
+    loop.repo.fail_once("validations.end_lost_node_look", how)
+    world.clock.advance(301)
+    with contextlib.suppress(Exception):
+        loop.service.sweep()
+    assert loop.repo.armed() == []
+    world.clock.advance(60)
+    loop.service.sweep()
+    world.clock.advance(300)
+    loop.service.sweep()
+    node = world.node_item(NODE)
+    assert node.get(DEADLINE_SK) is None and "deregistered_at" in node
+    asked = len(loop.ecs.described)
+    world.clock.advance(600)
+    loop.service.sweep()
+    assert len(loop.ecs.described) == asked
 
 
 def _back_at_the_sweeps_next_look(world: Any, loop: RecoveryLoop) -> None:

@@ -136,6 +136,8 @@ class FakeEcs:
     #: what DescribeTasks / DescribeContainerInstances answer MISSING (in ``failures``) while set
     missing_tasks: set[str] = field(default_factory=set)
     missing_nodes: set[str] = field(default_factory=set)
+    #: nodes DescribeContainerInstances answers INACTIVE (deregistered)
+    deregistered_nodes: set[str] = field(default_factory=set)
     #: node -> the task another scheduler runs on it (DescribeContainerInstances says it is busy)
     taken: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: node -> when it registered (a ``registeredAt >= <date>`` listing filters on it; others: 0)
@@ -220,7 +222,8 @@ class FakeEcs:
         self.described.append(node)
         if node in self.missing_nodes:
             return None
-        return {"containerInstanceArn": ci_arn(node), "status": "ACTIVE",
+        return {"containerInstanceArn": ci_arn(node),
+                "status": "INACTIVE" if node in self.deregistered_nodes else "ACTIVE",
                 "agentConnected": self.agent_connected.get(node, True),
                 "version": self.versions.get(node, 1), "ec2InstanceId": f"i-{node}"}
 

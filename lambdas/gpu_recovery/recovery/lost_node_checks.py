@@ -24,6 +24,9 @@ being the lost node's, so a redelivered or late event starts nothing more.
 * no verdict: as a validation's, run again, never a failure; once its attempts are spent
   (stalled) its cordon goes: a missing answer holds no node.
 
+A lost node whose container instance is deregistered (ECS's status INACTIVE, read by the sweep's
+look or in its event) can never reconnect: its look ends, and it stays SUSPECT as its record.
+
 SUSPECT nodes of any other origin (telemetry, the breaker's hold) keep their own paths.
 """
 
@@ -51,6 +54,10 @@ logger = logging.getLogger(__name__)
 
 # A lost node's ECS agent is looked at this often by the sweep while it is away.
 LOOK_SECONDS = 300
+# ECS's status of a deregistered container instance. ECS does not deregister a terminated
+# instance whose agent was disconnected (the DeregisterContainerInstance reference): a person
+# does, and only then does a lost node's look end.
+DEREGISTERED = "INACTIVE"
 # Its check, declared with the others of its kind (its cause: the lost-node escalation's rule).
 CHECK = policy.SUSPECT_CHECKS[Repair.RECONNECT]
 
@@ -99,8 +106,8 @@ class LostNodeChecks:
 
     def on_change(self, instance: Instance | None, detail: EcsContainerInstanceDetail) -> Outcome | None:
         """A container-instance state change of a node the stack is not rebooting: a lost
-        node's reconnect opens its check; a mark left on another node is deleted. None: the
-        event is none of this stage's."""
+        node's reconnect opens its check, its deregistration ends its look; a mark left on
+        another node is deleted. None: the event is none of this stage's."""
         inst_id = container_instance_id(detail.containerInstanceArn)
         marked = detail.attribute(LOST_NODE_ATTRIBUTE) is not None
         if instance is None or not instance.lost_node_suspect:
@@ -108,6 +115,8 @@ class LostNodeChecks:
                 return None
             return Outcome(unmark_lost_node(self.ecs, detail.containerInstanceArn),
                            detail={"instance": inst_id, "why": "not a lost node's suspect"})
+        if detail.status == DEREGISTERED:
+            return Outcome(self.left_cluster(instance, clock.now()), detail={"instance": inst_id})
         if not (detail.agentConnected and detail.status == "ACTIVE"):
             return Outcome("ignored", detail={"instance": inst_id, "why": "its ECS agent is not back"})
         return Outcome(self.reconnected(instance), detail={"instance": inst_id})
@@ -138,7 +147,8 @@ class LostNodeChecks:
 
     def sweep(self, instance: Instance, now: float) -> str:
         """Due while a lost node is SUSPECT with no check open: ECS's word on its agent
-        (connected and ACTIVE: its check opens), its mark put if missing, looked at again."""
+        (connected and ACTIVE: its check opens; deregistered: the look ends), its mark put if
+        missing, looked at again."""
         inst_id = instance.container_inst_id
         described = self.ecs.describe_container_instance(instance.container_instance_arn or inst_id)
         if described is None:
@@ -148,9 +158,22 @@ class LostNodeChecks:
             # condition (the lost node's flag, no check open) leaves a check opened meanwhile.
             self.records.rearm_lost_node(instance, now + LOOK_SECONDS)
             return "lost_node_not_described"
+        if described.get("status") == DEREGISTERED:
+            return self.left_cluster(instance, now)
         if described.get("agentConnected") and described.get("status") == "ACTIVE":
             return self.reconnected(instance)
         if not any(a.get("name") == LOST_NODE_ATTRIBUTE for a in described.get("attributes") or []):
             mark_quietly(self.ecs, instance)
         self.records.rearm_lost_node(instance, now + LOOK_SECONDS)
         return "lost_node_waiting"
+
+    def left_cluster(self, instance: Instance, now: float) -> str:
+        """The lost node's container instance was deregistered: it can never reconnect, so the
+        sweep stops looking at it (before, every 5 minutes for good); it stays SUSPECT, its
+        record for a person. Once: the write is conditional on the flag with no check open."""
+        if not self.records.end_lost_node_look(instance, now):
+            return "duplicate"
+        self.metrics.add_metric("LostNodesDeregistered", "Count", 1)
+        logger.warning("lost node deregistered from the cluster: no longer looked at", extra={
+            "instance": instance.container_inst_id})
+        return "lost_node_deregistered"

@@ -43,6 +43,14 @@ _LOST_NODE_UNCHECKED: dict[str, Any] = {
     "extra_condition": "#so = :so AND attribute_not_exists(#val)", "extra_values": {":so": LOST_NODE_ORIGIN},
     "extra_names": {"#so": "suspect_origin", "#val": VALIDATION}}
 
+# When a lost node's container instance was found deregistered: its look ended for good.
+DEREGISTERED_AT = "deregistered_at"
+# ... and not deregistered: looked at by the sweep (a rearm racing the look's end writes nothing).
+_LOST_NODE_LOOKED_AT: dict[str, Any] = {
+    "extra_condition": f"{_LOST_NODE_UNCHECKED['extra_condition']} AND attribute_not_exists(#gone)",
+    "extra_values": _LOST_NODE_UNCHECKED["extra_values"],
+    "extra_names": {**_LOST_NODE_UNCHECKED["extra_names"], "#gone": DEREGISTERED_AT}}
+
 
 # A node an operator may return: no check open, not being replaced (``RebootRepository``'s
 # termination, or its replacement awaited), no node action of its held back by the breaker.
@@ -99,10 +107,19 @@ class ValidationRepository:
         return self.db.transact(self._under(update, cordon))
 
     def rearm_lost_node(self, instance: Instance, look_at: float) -> bool:
-        """A lost node still SUSPECT with no check open (its agent still away): looked at again."""
+        """A lost node still SUSPECT with no check open (its agent still away), not deregistered:
+        looked at again."""
         return self.db.apply(self.instances.instance_update(
             instance.container_inst_id, from_states=[InstanceState.SUSPECT], deadline_at=look_at,
-            **_LOST_NODE_UNCHECKED))
+            **_LOST_NODE_LOOKED_AT))
+
+    def end_lost_node_look(self, instance: Instance, now: float) -> bool:
+        """A lost node still SUSPECT with no check open whose container instance was deregistered:
+        it can never reconnect, so its look ends (no deadline); it stays SUSPECT, the record for a
+        person, with ``deregistered_at``. Once (a redelivered event writes nothing)."""
+        return self.db.apply(self.instances.instance_update(
+            instance.container_inst_id, from_states=[InstanceState.SUSPECT],
+            set_fields={DEREGISTERED_AT: now}, clear_deadline=True, **_LOST_NODE_LOOKED_AT))
 
     def fail_suspect_check(self, instance: Instance, result: dict[str, Any], findings: dict[str, Any],
                            reason: str, origin: str, cordon: dict[str, Any] | None,
