@@ -51,7 +51,7 @@ from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.cordon import check_cordon
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.validation import Repair
-from gpu_recovery.repository.validations import ACTIVATION_PENDING, RETURNABLE_STATES
+from gpu_recovery.repository.validations import ACTIVATION_PENDING, DEREGISTERED_AT, RETURNABLE_STATES
 
 COMMAND = "return-node"
 # What to do about a node in another state.
@@ -150,6 +150,10 @@ def _write(args: argparse.Namespace, repo: Any, instance: Instance, raw: Mapping
     if _returned_already(instance, raw, bool(args.without_check)):
         return None
     _returnable(instance)
+    if raw.get(DEREGISTERED_AT):
+        raise ReturnError(f"node {node}'s container instance was deregistered from the cluster (found at "
+                          f"{_when(raw.get(DEREGISTERED_AT))}): nothing to return; a host that registers "
+                          "again is a new container instance, with an id of its own")
     reason = args.reason.strip() or "no reason given"
     if args.without_check:
         history = _history(instance, InstanceState.AVAILABLE, now, who,

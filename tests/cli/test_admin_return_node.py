@@ -196,6 +196,8 @@ def test_a_rerun_after_a_finished_return_leaves_a_later_drain_alone(
                              "validation": {"repair": "reconnect", "since": 1.0}},
      "a check is already running on node"),
     (InstanceState.QUARANTINED, {"terminate_pending": True}, "is being replaced"),
+    (InstanceState.SUSPECT, {"suspect_origin": "lost_node", "deregistered_at": 1.0},
+     "container instance was deregistered from the cluster"),
 ])
 def test_what_cannot_be_returned_is_said_with_what_to_do(cluster: Cluster, capsys: pytest.CaptureFixture[str],
                                                          state: InstanceState, fields: dict[str, Any],
