@@ -86,14 +86,14 @@ DueSteps = Iterator[list[tuple[Callable[[], str], dict[str, Any]]]]
 T = TypeVar("T")
 
 
-def once_each(pages: Iterable[list[T]], key: Callable[[T], str]) -> Iterator[list[T]]:
-    """Each item once a pass: one a step rearmed within the lead (to its own deadline, a few
-    seconds on) comes again in a later page of the same Query, and waits for the next sweep."""
-    seen: set[str] = set()
-    for page in pages:
-        fresh = [item for item in page if key(item) not in seen]
-        seen.update(key(item) for item in fresh)
-        yield fresh
+def not_seen(page: list[T], key: Callable[[T], str], seen: set[str]) -> list[T]:
+    """Each item once a pass (``seen``: the pass's keys): one a step rearmed within the lead (to
+    its own deadline, a few seconds on) comes again in a later page of the same Query, and
+    waits for the next sweep. A filter of each page, not a wrapper of the pages: the Query's
+    pages are pulled by the step list itself (each Query its own call site in the campaigns)."""
+    fresh = [item for item in page if key(item) not in seen]
+    seen.update(key(item) for item in fresh)
+    return fresh
 
 
 def any_due(deadline_items: Iterable[Mapping[str, Any]], now: float) -> bool:
@@ -229,18 +229,19 @@ class Sweep:
         return Outcome("swept", detail={"handled": handled})
 
     def _instance_steps(self, now: float, due_by: float) -> DueSteps:
-        pages = once_each(self.data.deadlines.due_instance_pages(due_by, DUE_PAGE),
-                          lambda i: i.container_inst_id)
-        for page in pages:
+        seen: set[str] = set()
+        for page in self.data.deadlines.due_instance_pages(due_by, DUE_PAGE):
+            page = not_seen(page, lambda i: i.container_inst_id, seen)
             yield [(partial(self._instance, i, now), {"instance": i.container_inst_id}) for i in page]
 
     def _job_item_steps(self, now: float, due_by: float, overdue: OverdueTally, *,
                         none_due: Callable[[], bool]) -> DueSteps:
         """``none_due()``, asked when the first page is: the sweep's read of the index,
         nothing written since, says no job item is due (the page the Query would give)."""
-        pages = iter([[]]) if none_due() else once_each(
-            self.data.deadlines.due_job_item_pages(due_by, DUE_PAGE), lambda item: str(item.get(JOB_PK)))
+        seen: set[str] = set()
+        pages = iter([[]]) if none_due() else self.data.deadlines.due_job_item_pages(due_by, DUE_PAGE)
         for page in pages:
+            page = not_seen(page, lambda item: str(item.get(JOB_PK)), seen)
             overdue.add_page(item[DEADLINE_SK] for item in page if item.get("item_type") == "JOB")
             yield [(partial(self._job_item, item, now), {"key": item.get(JOB_PK)}) for item in page]
 
