@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery.adapters.ecs_budget import CallBudget, Unlimited
 from gpu_recovery.adapters.errors import NOT_SENT
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 
 logger = logging.getLogger(__name__)
 
@@ -20,9 +21,8 @@ logger = logging.getLogger(__name__)
 # did not act on ("API failure reasons", ECS developer guide): a successful call is not a
 # successful action. MISSING: the cluster has no such resource (a task expired an hour after
 # it stopped, an instance deregistered; or not yet: ECS is eventually consistent);
-# INACTIVE: the container instance was deregistered.
+# INACTIVE (the status's word): the container instance was deregistered.
 MISSING = "MISSING"
-INACTIVE = "INACTIVE"
 
 
 class EcsActionFailed(RuntimeError):
@@ -301,8 +301,8 @@ class EcsAdapter:
             return []
         return list(self._ecs.describe_tasks(cluster=self.cluster, tasks=arns).get("tasks", []))
 
-    def container_instances(self, statuses: Sequence[str | None] = ("ACTIVE", "DRAINING"), *,
-                            missing_ok: bool = True, query: str | None = None) -> list[dict[str, Any]]:
+    def container_instances(self, statuses: Sequence[str | None] = (ecs_status.ACTIVE, ecs_status.DRAINING),
+                            *, missing_ok: bool = True, query: str | None = None) -> list[dict[str, Any]]:
         """The cluster's container instances in ``statuses``, described
         (ListContainerInstances per status + DescribeContainerInstances by 100).
 
@@ -404,14 +404,14 @@ class EcsAdapter:
         :class:`EcsActionFailed`: not drained, the caller tries again."""
         self._take_token()
         response = self._ecs.update_container_instances_state(
-            cluster=self.cluster, containerInstances=[container_instance_arn], status="DRAINING"
+            cluster=self.cluster, containerInstances=[container_instance_arn], status=ecs_status.DRAINING
         )
         failures = response.get("failures") or []
         if not failures:
             return "draining"
-        if all(f.get("reason") in (MISSING, INACTIVE) for f in failures):
+        if all(f.get("reason") in (MISSING, ecs_status.INACTIVE) for f in failures):
             described = self.describe_container_instance(container_instance_arn)
-            if described is None or described.get("status") == INACTIVE:
+            if described is None or described.get("status") == ecs_status.INACTIVE:
                 logger.warning("drain of a container instance ECS no longer has registered",
                                extra={"container_instance": container_instance_arn, "failures": failures})
                 return "deregistered"

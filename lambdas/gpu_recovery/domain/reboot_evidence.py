@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.states import InstanceState
 
@@ -111,7 +112,7 @@ def is_new_disconnect(instance: Instance, event: AgentEvent) -> bool:
 
 def is_first_reconnect(instance: Instance, event: AgentEvent) -> bool:
     """The first "connected" event after the recorded disconnect."""
-    return (_requested(instance) is not None and event.agent_connected and event.status == "ACTIVE"
+    return (_requested(instance) is not None and event.agent_connected and event.status == ecs_status.ACTIVE
             and instance.disconnected_at is not None and instance.reconnected_at is None
             and _newer(event, instance.disconnected_version, instance.disconnected_at))
 
@@ -130,7 +131,7 @@ def judge_return(instance: Instance, event: AgentEvent, now: float) -> Return:
     """Is the rebooting ``instance`` back, given ``event`` (see the module docstring)?"""
     if _requested(instance) is None:
         return Return(False, "not rebooting")
-    if event.status != "ACTIVE" or not event.agent_connected:
+    if event.status != ecs_status.ACTIVE or not event.agent_connected:
         return Return(False, "agent not connected")
     if booted_after_request(instance):
         return Return(True, "booted after the reboot request")

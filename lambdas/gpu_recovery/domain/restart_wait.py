@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_recovery.domain import ecs_instance_status as ecs_status
+
 # StartTask's failure reasons that are a placement race, never the job's fault.
 RACE_REASONS = ("RESOURCE", "AGENT", "MISSING")
 
@@ -46,7 +48,7 @@ def blocked_by(*, status: str | None, agent_connected: bool, free_gpus: int, nee
         return "MISSING: the container instance is gone"
     if not agent_connected:
         return "AGENT: its ECS agent is disconnected"
-    if status != "ACTIVE":
+    if status != ecs_status.ACTIVE:
         return f"RESOURCE: the container instance is {status}"
     if free_gpus < needed_gpus:
         return f"RESOURCE:GPU: {free_gpus} of the {needed_gpus} GPUs it needs are free"

@@ -64,6 +64,7 @@ from enum import Enum
 from typing import Any
 
 from gpu_recovery.constants import QUEUE_SK, RELOCATED_QUEUE_MARK, InstanceState
+from gpu_recovery.domain import ecs_instance_status
 
 # Instance-table states in which the node must not receive new work.
 INELIGIBLE_INSTANCE_STATES = frozenset(
@@ -93,7 +94,7 @@ def node_ineligibility(
         return "cordoned (known bad)"
     if suspect:
         return "suspect: a rank stopped there with fault evidence, not judged yet"
-    if ecs_status != "ACTIVE":
+    if ecs_status != ecs_instance_status.ACTIVE:
         return f"ecs status {ecs_status or 'unknown'}"
     if not agent_connected:
         return "agent disconnected"

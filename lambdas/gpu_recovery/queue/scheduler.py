@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_recovery import clock
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.domain.placement import SPARE, lend, lent_of, may_borrow_spare, reserved_of, spares_of
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, keep_spares, reserve_for_waits
@@ -161,7 +162,7 @@ class ClusterReader:
         self._ecs = ecs
 
     def container_instances(self) -> list[dict[str, Any]]:
-        return self._ecs.container_instances(("ACTIVE",))
+        return self._ecs.container_instances((ecs_status.ACTIVE,))
 
 
 # -------------------------------------------------------------------- scheduler

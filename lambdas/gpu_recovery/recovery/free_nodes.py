@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance, Rank, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
@@ -71,7 +72,7 @@ def views(described: Iterable[Mapping[str, Any]], instances: Mapping[str, Instan
         out.append(NodeView(
             SpareNode(node_id, ci["containerInstanceArn"], str(ci.get("ec2InstanceId", "")),
                       gpu_count(ci.get("remainingResources")), gpu_count(ci.get("registeredResources"))),
-            ci.get("status") == "ACTIVE" and bool(ci.get("agentConnected")), instances.get(node_id)))
+            ci.get("status") == ecs_status.ACTIVE and bool(ci.get("agentConnected")), instances.get(node_id)))
     return out
 
 

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from gpu_recovery import clock
 from gpu_recovery.constants import LOST_NODE_ATTRIBUTE
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.cordon import check_cordon
 from gpu_recovery.domain.models import Instance, container_instance_id
@@ -54,10 +55,6 @@ logger = logging.getLogger(__name__)
 
 # A lost node's ECS agent is looked at this often by the sweep while it is away.
 LOOK_SECONDS = 300
-# ECS's status of a deregistered container instance. ECS does not deregister a terminated
-# instance whose agent was disconnected (the DeregisterContainerInstance reference): a person
-# does, and only then does a lost node's look end.
-DEREGISTERED = "INACTIVE"
 # Its check, declared with the others of its kind (its cause: the lost-node escalation's rule).
 CHECK = policy.SUSPECT_CHECKS[Repair.RECONNECT]
 
@@ -115,9 +112,9 @@ class LostNodeChecks:
                 return None
             return Outcome(unmark_lost_node(self.ecs, detail.containerInstanceArn),
                            detail={"instance": inst_id, "why": "not a lost node's suspect"})
-        if detail.status == DEREGISTERED:
+        if detail.status == ecs_status.INACTIVE:
             return Outcome(self.left_cluster(instance, clock.now()), detail={"instance": inst_id})
-        if not (detail.agentConnected and detail.status == "ACTIVE"):
+        if not (detail.agentConnected and detail.status == ecs_status.ACTIVE):
             return Outcome("ignored", detail={"instance": inst_id, "why": "its ECS agent is not back"})
         return Outcome(self.reconnected(instance), detail={"instance": inst_id})
 
@@ -158,9 +155,9 @@ class LostNodeChecks:
             # condition (the lost node's flag, no check open) leaves a check opened meanwhile.
             self.records.rearm_lost_node(instance, now + LOOK_SECONDS)
             return "lost_node_not_described"
-        if described.get("status") == DEREGISTERED:
+        if described.get("status") == ecs_status.INACTIVE:
             return self.left_cluster(instance, now)
-        if described.get("agentConnected") and described.get("status") == "ACTIVE":
+        if described.get("agentConnected") and described.get("status") == ecs_status.ACTIVE:
             return self.reconnected(instance)
         if not any(a.get("name") == LOST_NODE_ATTRIBUTE for a in described.get("attributes") or []):
             mark_quietly(self.ecs, instance)

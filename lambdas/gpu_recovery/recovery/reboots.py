@@ -41,6 +41,7 @@ from gpu_recovery.constants import (
     RETRY_INTERVAL_SECONDS,
     NotificationKind,
 )
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain import reboot_evidence as evidence
 from gpu_recovery.domain.cordon import ECS_PENDING, cordon_record
 from gpu_recovery.domain.escalation import (
@@ -422,7 +423,7 @@ class Reboots:
         and ACTIVE now, and whose node agent, if it reports, says nothing against a reboot."""
         if instance.reset_pending or instance.validating:
             return False
-        if not (observed.agent_connected and observed.status == "ACTIVE"):
+        if not (observed.agent_connected and observed.status == ecs_status.ACTIVE):
             return False
         return instance.boot_time is None or evidence.booted_after_request(instance) \
             or (instance.last_report_at or 0.0) < (instance.reboot_requested_at or 0.0)

@@ -44,6 +44,7 @@ from gpu_recovery.constants import (
     NotificationKind,
     system_stop_reason,
 )
+from gpu_recovery.domain import ecs_instance_status as ecs_status
 from gpu_recovery.domain import validation as policy
 from gpu_recovery.domain.cordon import ECS_HELD, ECS_PENDING, failed_check_cordon, validating_record
 from gpu_recovery.domain.escalation import history_from_item
@@ -192,7 +193,7 @@ class Validations:
                     "instance": watcher.container_inst_id, "group": watch.get("group")})
             return "replacement_watch_closed"
         described = self.ecs.container_instances(
-            ("ACTIVE",), query=policy.registered_since(float(watch["since"])))
+            (ecs_status.ACTIVE,), query=policy.registered_since(float(watch["since"])))
         candidates = {container_instance_id(ci["containerInstanceArn"]): ci for ci in described}
         candidates.pop(watcher.container_inst_id, None)
         known = self.data.instances.get_instances(candidates) if candidates else {}
