@@ -124,3 +124,42 @@ def test_a_waiting_restart_looks_at_the_nodes_its_wait_names_alone_while_one_is_
         w.service.sweep()
         job = w.repo.jobs.get_job("w")
         assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
+
+
+def test_a_waiting_restart_ends_at_its_own_wait_not_at_the_sweeps_earlier_backstop() -> None:
+    """Given a job (not relocatable) whose restart waits for a node another scheduler holds, in
+    a deployment whose health check and reboot bounds (5 min each) put the sweep's backstop for a
+    restart (20 min after the fault) before the wait's end (relocation_wait_seconds, 30 min),
+    When the sweep runs every minute, Then the job waits past that backstop, and fails only at
+    its wait's end with the wait's reason: the node and what holds it (not "the gang restart
+    did not happen in time")."""
+    from tests.recovery.fakes import world
+
+    nodes = NODES[:2]
+    with world(max_app_restarts=1, relocation_wait_seconds=1800, health_check_timeout_seconds=300,
+               reboot_timeout_seconds=300) as w:
+        arns = w.register_job("w", nodes)
+        w.ecs.taken[nodes[0]] = _taken_task(nodes[0])
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [check] = [t for t in w.ecs.health_checks_on(nodes[-1]) if t.last_status == "RUNNING"]
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 0))  # healthy: an application error
+        job = w.repo.jobs.get_job("w")
+        assert job.state is JobState.PENDING_RESTART and job.restart_wait is not None
+        until = job.restart_wait.until
+        while w.now[0] + 60 < until:
+            w.advance(60)
+            w.service.sweep()
+            job = w.repo.jobs.get_job("w")
+            assert job.state is JobState.PENDING_RESTART, job.last_error
+        for _ in range(2):
+            w.advance(60)
+            w.service.sweep()
+        job = w.repo.jobs.get_job("w")
+        assert job.state is JobState.FAILED
+        why = job.last_error
+        assert why.startswith("restart could not be placed within 1800 s (relocation_wait_seconds)")
+        assert f"{nodes[0]}: RESOURCE:GPU" in why and f"held by task {nodes[0]}-web" in why
+        [mail] = [n for n in w.notifier.sent if n.job_id == "w" and "Job failed" in n.subject]
+        assert f"held by task {nodes[0]}-web" in mail.body

@@ -336,12 +336,14 @@ class Sweep:
             give_up_at = ((job.fault_started_at or now) + settings.health_check_timeout_seconds
                           + settings.reboot_timeout_seconds + RESTART_GIVE_UP_MARGIN_SECONDS)
             why = "the gang restart did not happen in time (instances or old ranks never became ready)"
-            wait = job.relocation_wait
-            if wait is not None:
-                # Waiting for a free node to relocate onto: its own deadline (try_restart fails
-                # it then, with its reason); this is the backstop.
-                give_up_at = max(give_up_at, wait.until + RESTART_GIVE_UP_MARGIN_SECONDS)
-                why = wait.timeout_reason()
+            for wait in (job.relocation_wait, job.restart_wait):
+                if wait is not None:
+                    # Waiting for a free node to relocate onto, or for its own nodes to be
+                    # free: the wait's own deadline (try_restart fails it then, with its
+                    # reason; a check and a repair may have spent the fault's time before it
+                    # began); this is the backstop.
+                    give_up_at = max(give_up_at, wait.until + RESTART_GIVE_UP_MARGIN_SECONDS)
+                    why = wait.timeout_reason()
             hold = job.breaker_hold
             if hold is not None:
                 # Held by the breaker first: the restart's time counts from when it went on.
