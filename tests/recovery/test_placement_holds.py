@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
 from tests.recovery.fakes import World, world
@@ -135,3 +137,26 @@ def test_the_sweeps_attribute_pass_leaves_the_rest_of_a_backlog_to_the_next_swee
         w.service.sweep()
         assert w.repo.cordons.worklist().pending == {}
         assert all(_value(w, n) == "spare" for n in nodes)
+
+
+@pytest.mark.parametrize("broken", ["worklist read lost", "commit lost", "put throttled"])
+def test_a_faults_reservation_whose_call_fails_is_tried_again_before_its_stops_free_the_nodes(
+        broken: str) -> None:
+    """Given a two-node job, When a rank's fault is seen and the reservation of its nodes has
+    one call fail (the worklist's read or the holds' commit with its answer lost, or the
+    attributes' put throttled), Then the same invocation tries again at once: by the time its
+    stops free the healthy node, that node carries ``reserved`` (the sweep's refresh, a minute
+    on, would find another scheduler's task there), and its member is confirmed."""
+    nodes = ["node-a", "node-b"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        if broken == "worklist read lost":
+            w.repo.fail_once("cordons.worklist", "lose")
+        elif broken == "commit lost":
+            w.repo.fail_once("cordons.set_holds", "lose")
+        else:
+            w.ecs.failures["put_attributes_many"] = ["refuse"]
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert _value(w, "node-a") == "reserved" and _value(w, "node-b") == "reserved"
+        assert w.repo.cordons.worklist().pending == {}
+        assert not w.ecs.failures.get("put_attributes_many")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -47,6 +48,7 @@ from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Job, container_instance_id
 from gpu_recovery.domain.relocation import SpareNode, gpu_count
 from gpu_recovery.domain.states import HEALTH_CHECK_STATES
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -159,25 +161,41 @@ class PlacementHolds:
     def on_fault(self, job: Job) -> str:
         """The invocation that sees a job's fault: its nodes reserved for it at once (before
         its other ranks are stopped and their nodes free), busy or not, one write and one
-        sync; with a spare pool, the spare its relocation may take is decided here too
-        (``GangRestart.decide_on_fault``) and the pool refilled. Each step's failure is left
-        to the sweep's refresh (the job in recovery is the intent)."""
-        repo = self.data
-        nodes = self.nodes.nodes_of(job)
-        read = repo.cordons.worklist()
-        changes: dict[str, Mapping[str, Any] | None] = {}
-        for node in sorted(nodes):
-            hold = read.holds.get(node) or {}
-            if hold.get(placement.LENT) or hold.get("job") == job.job_id:
-                continue
-            changes[node] = _reserved(job.job_id, hold)
-        action = self._commit(read, changes) if changes else "holds_unchanged"
+        sync, tried once more at once when a call fails or another writer raced it (the stops
+        free the nodes within seconds: the sweep's refresh a minute on may find another
+        scheduler's task there); with a spare pool, the spare its relocation may take is
+        decided here too (``GangRestart.decide_on_fault``) and the pool refilled. A step that
+        fails again is left to the sweep's refresh (the job in recovery is the intent)."""
+        action = twice(partial(self._reserve_nodes_of, job), done=lambda done: done != "holds_raced")
         if self.settings.spare_nodes.configured:
             decided = self.restarts.decide_on_fault(job)
             if decided:
                 action = self.reserve(job.job_id, decided)
             action = self.refresh()
         return action
+
+    def _reserve_nodes_of(self, job: Job) -> str:
+        """The job's nodes reserved for it and their attributes put (a sync that fails is
+        raised: the try again syncs what this one committed, still pending)."""
+        nodes = sorted(self.nodes.nodes_of(job))
+        read = self.data.cordons.worklist()
+        changes: dict[str, Mapping[str, Any] | None] = {}
+        for node in nodes:
+            hold = read.holds.get(node) or {}
+            if not (hold.get(placement.LENT) or hold.get("job") == job.job_id):
+                changes[node] = _reserved(job.job_id, hold)
+        if not changes:
+            unsynced = [n for n in nodes if read.pending.get(n)
+                        and (read.holds.get(n) or {}).get("job") == job.job_id]
+            if unsynced:
+                self.cordons.sync_many(unsynced, read)
+            return "holds_unchanged"
+        if not self.data.cordons.set_holds(read, changes, clock.now()):
+            return "holds_raced"
+        logger.info("placement holds changed", extra={
+            "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
+        self.cordons.sync_many(changes)
+        return "holds_changed"
 
     def reserve(self, job_id: str, nodes: Sequence[str]) -> str:
         """``nodes`` (a relocation's targets, decided) reserved for ``job_id`` now."""
