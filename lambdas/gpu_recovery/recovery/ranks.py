@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -47,6 +48,7 @@ from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import JobState, RankState
 from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
@@ -321,6 +323,15 @@ class RankOperations:
             subnet=reg.subnet,
             earlier_tasks=previous.tasks_before(reg.attempt) if previous is not None else (),
         )
+        # Tried once more at once when a call fails: a redelivery finds the rank written and
+        # stops there, so an arrival lost here would be lost for good (the attempt's latch
+        # without the rank and its node, which a fault's reservation and a restart read).
+        return twice(partial(self._write_registration, reg, rank, previous))
+
+    def _write_registration(self, reg: RankRegistration, rank: Rank, previous: Rank | None) -> Rank:
+        """The rank's item (unless the table has this task or a newer attempt), then, if it is
+        this task's, its arrival at the attempt's registered latch with its node."""
+        repo = self.data
         written = self.records.put_rank_registration(rank)
         if written:
             logger.info("rank registered", extra={"job_id": reg.job_id, "rank": reg.rank,
@@ -329,7 +340,7 @@ class RankOperations:
                   else (repo.jobs.get_rank(reg.job_id, reg.rank) or rank))
         if stored.attempt == reg.attempt and stored.task_arn == reg.task_arn:
             repo.latches.arrive(reg.job_id, reg.attempt, reg.world_size, reg.rank, [Latch.REGISTERED],
-                                node=inst_id, registered_at=stored.registered_at)
+                                node=rank.container_inst_id, registered_at=stored.registered_at)
         return stored
 
     def register_restarted(self, job: Job, previous: Rank, *, task_arn: str, container_instance_arn: str,
