@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
+from gpu_recovery.domain.states import JobState
 from gpu_recovery.repository.latches import LatchRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
 from tests.recovery.fakes import LostResponse, throttled, world
@@ -60,3 +61,32 @@ def test_a_registration_whose_write_fails_once_still_arrives_with_its_node(
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert {n: w.ecs.attribute_values.get(n, {}).get(UNAVAILABLE_ATTRIBUTE)
                 for n in ("node-a", "node-b")} == {"node-a": "reserved", "node-b": "reserved"}
+
+
+@pytest.mark.parametrize("exit_code", [1, 3])
+def test_a_rank_whose_arrival_failed_twice_still_has_its_node_reserved_by_its_fault(
+        monkeypatch: pytest.MonkeyPatch, exit_code: int) -> None:
+    """Given a two-node job whose rank 1's registered arrival failed at both tries (the latch
+    lacks rank 1 and node-b for good), When rank 1 fails (exit 1: its node a suspect; exit 3:
+    an application error, restarted on the same nodes), Then node-b is reserved for the job
+    with node-a, by the fault (which names the failing rank's node) and by the holds' refresh
+    after it; and the job's nodes, read from its latch, count those its ranks ended on."""
+    with world(max_app_restarts=1) as w:
+        left = _break_once(monkeypatch, LatchRepository, "arrive", "throttle")
+        left["calls"] = 2
+        with suppress(ClientError, BotoCoreError):
+            w.register_job("j", ["node-a", "node-b"])
+        assert left["calls"] == 0, "the premise: both tries failed"
+        assert w.repo.latches.registered("j", 1, 2) == {0}
+        arns = sorted(w.ecs.tasks, key=lambda arn: w.ecs.tasks[arn].node)
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
+        reserved = {"node-a": "reserved", "node-b": "reserved"}
+        assert {n: w.ecs.attribute_values.get(n, {}).get(UNAVAILABLE_ATTRIBUTE)
+                for n in ("node-a", "node-b")} == reserved
+        # What the holds' refresh rebuilds them from, had the fault's reservation failed too:
+        assert w.repo.latches.job_nodes("j", 1, 2) == {"node-a", "node-b"}
+        w.advance(61)
+        w.service.sweep()
+        assert w.repo.jobs.get_job("j").state is not JobState.RUNNING  # node-a's rank not ended yet
+        assert {n: w.ecs.attribute_values.get(n, {}).get(UNAVAILABLE_ATTRIBUTE)
+                for n in ("node-a", "node-b")} == reserved

@@ -149,16 +149,22 @@ class PlacementHolds:
         return self._commit(read, {n: (None if h is None else {**h, _WANTED: size})
                                    for n, h in changes.items()})
 
-    def _commit(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None]) -> str:
+    def _commit(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None],
+                quietly: bool = True) -> str:
+        """``changes`` committed on ``read`` and their attributes synced (a failed sync left
+        to the sweep, or raised when not ``quietly``: the caller tries again)."""
         if not self.data.cordons.set_holds(read, changes, clock.now()):
             return "holds_raced"  # another refresh won: the next one starts from its holds
         logger.info("placement holds changed", extra={
             "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
-        self.cordons.sync_many_quietly(changes)
+        if quietly:
+            self.cordons.sync_many_quietly(changes)
+        else:
+            self.cordons.sync_many(changes)
         return "holds_changed"
 
     # ------------------------------------------------------------------- a fault
-    def on_fault(self, job: Job) -> str:
+    def on_fault(self, job: Job, node: str = "") -> str:
         """The invocation that sees a job's fault: its nodes reserved for it at once (before
         its other ranks are stopped and their nodes free), busy or not, one write and one
         sync, tried once more at once when a call fails or another writer raced it (the stops
@@ -166,7 +172,7 @@ class PlacementHolds:
         scheduler's task there); with a spare pool, the spare its relocation may take is
         decided here too (``GangRestart.decide_on_fault``) and the pool refilled. A step that
         fails again is left to the sweep's refresh (the job in recovery is the intent)."""
-        action = twice(partial(self._reserve_nodes_of, job), done=lambda done: done != "holds_raced")
+        action = twice(partial(self._reserve_nodes_of, job, node), done=lambda done: done != "holds_raced")
         if self.settings.spare_nodes.configured:
             decided = self.restarts.decide_on_fault(job)
             if decided:
@@ -174,10 +180,10 @@ class PlacementHolds:
             action = self.refresh()
         return action
 
-    def _reserve_nodes_of(self, job: Job) -> str:
-        """The job's nodes reserved for it and their attributes put (a sync that fails is
-        raised: the try again syncs what this one committed, still pending)."""
-        nodes = sorted(self.nodes.nodes_of(job))
+    def _reserve_nodes_of(self, job: Job, node: str = "") -> str:
+        """The job's nodes (and ``node``, its failing rank's) reserved for it and their attributes
+        put (a sync that fails is raised: the try again syncs what this one committed, pending)."""
+        nodes = sorted(self.nodes.nodes_of(job) | ({node} if node else set()))
         read = self.data.cordons.worklist()
         changes: dict[str, Mapping[str, Any] | None] = {}
         for node in nodes:
@@ -190,12 +196,7 @@ class PlacementHolds:
             if unsynced:
                 self.cordons.sync_many(unsynced, read)
             return "holds_unchanged"
-        if not self.data.cordons.set_holds(read, changes, clock.now()):
-            return "holds_raced"
-        logger.info("placement holds changed", extra={
-            "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
-        self.cordons.sync_many(changes)
-        return "holds_changed"
+        return self._commit(read, changes, quietly=False)
 
     def reserve(self, job_id: str, nodes: Sequence[str]) -> str:
         """``nodes`` (a relocation's targets, decided) reserved for ``job_id`` now."""

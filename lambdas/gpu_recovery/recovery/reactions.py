@@ -28,9 +28,11 @@ from gpu_recovery.repository.cordons import Worklist
 class FaultSeen:
     """A job entered recovery (a rank's stop, the heartbeat, the gang preflight, an AWS
     notice): its nodes are reserved for it at once, before its other ranks stop and free
-    them."""
+    them (``node``: the failing rank's own, when its stop saw the fault: its end is recorded
+    after the reservation, and its registration may have missed the latch)."""
 
     job: Job
+    node: str = ""
 
 
 @dataclass(frozen=True)

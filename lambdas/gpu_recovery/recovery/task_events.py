@@ -381,7 +381,8 @@ class TaskEvents:
             self._remember_on_node(fresh, rank, assessment)
         if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered:
             # First the job's nodes reserved for it (before its other ranks stop and free them).
-            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(fresh))
+            after_commit("reserve the job's nodes", self.reactions.emit,
+                         FaultSeen(fresh, rank.container_inst_id))
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,

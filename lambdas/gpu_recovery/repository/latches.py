@@ -115,8 +115,11 @@ class LatchRepository:
         return suspects, _members(items, COUPLED_NODES) - suspects
 
     def job_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
-        """The nodes the attempt's registered ranks run on (read once per relocation)."""
-        return self._union(job_id, attempt, world_size, "nodes")
+        """The nodes the attempt's ranks run on (read once per relocation): registered on, and
+        named suspects or ended on (the rank's own node, in the same items: a registration whose
+        arrival was lost still counts its node once the rank fails or ends)."""
+        items = self._shard_items(job_id, attempt, range(shard_count(world_size)))
+        return _members(items, "nodes") | _members(items, "susp") | _members(items, ENDED_NODES)
 
     def held_nodes(self, job_id: str, attempt: int, world_size: int) -> set[str]:
         """The nodes the attempt's ranks still hold, for a job with one rank per node (a queue
