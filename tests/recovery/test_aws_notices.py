@@ -431,3 +431,26 @@ def test_a_settled_notice_due_again_keeps_the_node_cordoned(kind: str, lead: int
             w.advance(float(notice["window_end"]) - w.now[0] + 1)
             w.service.sweep()
             assert not w.repo.instances.get_instance(NODE).cordoned
+
+
+def test_a_move_whose_commit_answer_was_lost_reserves_the_jobs_nodes_before_its_stop() -> None:
+    """Given the write that moves a relocatable job off the announced node executed but its
+    answer lost, When the notice's handling tries again (at once, ``once_more.twice``) and
+    finds the job moved, Then the job's other node is reserved for it before the stop that
+    frees it is sent, as when nothing failed (the sweep's refresh, a minute on, could find
+    another scheduler's task there)."""
+    with world() as w:
+        w.ecs.spare_nodes = [IDLE]
+        arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
+        w.repo.fail_once("aws_notices.move_job_off_notice", "lose")
+        at_stop: dict[str, Any] = {}
+        real_stop = w.ecs.stop_task
+
+        def stop_task(task_arn: str, reason: str) -> None:
+            at_stop.setdefault(task_arn, w.ecs.attribute_values.get(PEER, {}).get(UNAVAILABLE_ATTRIBUTE))
+            real_stop(task_arn, reason)
+
+        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        notify(w, "spot_interruption")
+        assert w.repo.armed() == [], "the premise: the move's answer was lost"
+        assert at_stop.get(arns[0]) == "reserved"

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
-from tests.recovery.fakes import World, world
+from tests.recovery.fakes import LostResponse, World, world
 
 
 def _value(w: World, node: str) -> str | None:
@@ -160,3 +160,37 @@ def test_a_faults_reservation_whose_call_fails_is_tried_again_before_its_stops_f
         assert _value(w, "node-a") == "reserved" and _value(w, "node-b") == "reserved"
         assert w.repo.cordons.worklist().pending == {}
         assert not w.ecs.failures.get("put_attributes_many")
+
+
+@pytest.mark.parametrize("then", ["redelivered, exit 1", "redelivered, exit 3", "node-a's hang reported"])
+def test_a_fault_whose_first_delivery_died_after_its_commit_is_reserved_before_its_stop_is_sent(
+        then: str) -> None:
+    """Given a two-node job, When a rank's fault is committed (the job in recovery, its stop
+    intent written; exit 1: a suspect's fault, exit 3: an application error's restart) and the
+    delivery dies before it reserves the nodes (the commit's answer lost), Then whatever sends
+    the stop next (the event redelivered, or the heartbeat reporting node-a's rank hung)
+    reserves both nodes first: the stop frees node-a, and the sweep's refresh a minute on
+    could find another scheduler's task there."""
+    nodes = ["node-a", "node-b"]
+    exit_code = 3 if "exit 3" in then else 1
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        w.repo.fail_once("rank_events.restart_in_place" if exit_code == 3 else "rank_events.enter_recovery",
+                         "lose")
+        with pytest.raises(LostResponse):
+            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
+        assert w.repo.jobs.get_job("j").stop_fanout, "the premise: the stop intent committed"
+        assert _value(w, "node-a") is None and arns[0] not in w.ecs.stop_calls
+        at_stop: dict[str, Any] = {}
+        real_stop = w.ecs.stop_task
+
+        def stop_task(task_arn: str, reason: str) -> None:
+            at_stop.setdefault(task_arn, {n: _value(w, n) for n in nodes})
+            real_stop(task_arn, reason)
+
+        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        if then.startswith("redelivered"):
+            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
+        else:
+            w.service.report_suspected_fault("j", 1, "node-a", "rank 0 hung at step 7", 0)
+        assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}

@@ -377,6 +377,7 @@ class AwsNotices:
             self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
+        if moved or unsent:  # unsent, not moved here: an earlier try died before its reservation
             after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
         if unsent and self.stop_gang is not None:
             return moved, bool(self.stop_gang(job))

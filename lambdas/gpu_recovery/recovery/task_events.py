@@ -380,8 +380,7 @@ class TaskEvents:
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
         if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered:
-            # First the job's nodes reserved for it (before its other ranks stop and free them).
-            after_commit("reserve the job's nodes", self.reactions.emit,
+            after_commit("reserve the job's nodes", self.reactions.emit,  # before the stops free them
                          FaultSeen(fresh, rank.container_inst_id))
         if reaction in _STOPPING_REACTIONS and not redelivered:
             self._stop_gang(fresh)
@@ -410,12 +409,15 @@ class TaskEvents:
             return Outcome("failed", job.job_id, {"rank": rank.rank, "reason": fresh.last_error})
         return outcome
 
-    def _stop_gang(self, job: Job) -> None:
-        """Dispatch the stop intent the job's reaction committed. Best effort: the job keeps a
-        deadline, so the sweep sends it again if this fails (a StopTask outage must not push
-        this event to its DLQ)."""
+    def _stop_gang(self, job: Job, reserve_for: str | None = None) -> None:
+        """Dispatch the stop intent the job's reaction committed; ``reserve_for``: a dead
+        delivery's fault's node, it and the job's nodes reserved first (a job in recovery), as
+        that delivery would have before its stop freed them. Best effort: the sweep sends it
+        again if this fails (a StopTask outage must not push this event to its DLQ)."""
         if not job.stop_fanout or job.stop_fanout.get("sent_at"):
             return
+        if reserve_for is not None and job.state in RECOVERING_JOB_STATES:
+            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job, reserve_for))
         try:
             self.gang.stop(job)
         except Exception:
@@ -459,8 +461,8 @@ class TaskEvents:
                     job.job_id, job.attempt, node) is None:
                 self._open_suspect(job, current, None)
             detail["health_checks"] = {node: self.suspects.request_check(job, node, grouped=grouped)}
-        if redelivered and job.stop_fanout and not job.stop_fanout.get("sent_at"):
-            self._stop_gang(job)
+        if redelivered:  # what a dead delivery committed: its reservation, then its stop
+            self._stop_gang(job, reserve_for=node if job.attempt == rank.attempt else "")
         arrival = repo.latches.arrive(
             job.job_id, current.attempt, job.world_size, current.rank,
             [Latch.ENDED, *([Latch.DONE] if current.state is RankState.DONE else [])],
@@ -556,13 +558,12 @@ class TaskEvents:
         repo.faults.open_suspect(job_id, attempt, inst_id, rank=failing_rank,
                                  record={"at": now, "evidence": evidence.to_dict()}, now=now,
                                  retry_at=now + RETRY_INTERVAL_SECONDS)
-        # The node named a suspect at the latch (on the failing rank's shard: that rank has not
-        # ended, it is stopped now) by the write that puts the job in recovery, or at once when
-        # it is in recovery already: nothing calls this again (the heartbeat moved the rank in
-        # its own write), so a death after either still has it counted when every rank ended.
-        # Not for a job that does not enter (revived, moved on): a later fault of the attempt
-        # would count a suspect whose check nobody asks for.
-        counted = job.state is JobState.PENDING_HEALTHCHECK
+        # The node named a suspect at the latch (the failing rank's shard: it has not ended) by
+        # the write that puts the job in recovery, or at once when it is in recovery already:
+        # nothing calls this again (the heartbeat moved the rank in its own write), so a death
+        # after either still has it counted. Not for a job that does not enter (revived, moved
+        # on): a later fault of the attempt would count a suspect whose check nobody asks for.
+        counted, entered = job.state is JobState.PENDING_HEALTHCHECK, None
         if counted:
             repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         elif self._enter_recovery(job, reason, None, from_states=states, also=[
@@ -570,7 +571,7 @@ class TaskEvents:
             counted = True
             entered = repo.jobs.get_job(job_id)
             if entered is not None:
-                after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered))
+                after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered, inst_id))
         job = repo.jobs.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
@@ -578,7 +579,7 @@ class TaskEvents:
         if not counted:  # another fault of the attempt entered recovery first
             repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         checks = {inst_id: self.suspects.request_check(job, inst_id)}
-        self._stop_gang(job)
+        self._stop_gang(job, reserve_for=None if entered else inst_id)
         return Outcome("health_check_requested", job_id,
                        {"rank": failing_rank, "instance": inst_id, "health_checks": checks})
 
