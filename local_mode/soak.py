@@ -12,6 +12,10 @@ with the answer lost), over many jobs and faults at once, for hours of simulated
   node agent (the fast path), each with the NCCL cascade; some jobs relocatable;
 * every AWS call the handlers make broken with chance ``rate`` (seeded).
 
+Once the calls stop failing, the soak settles; a STOPPED event of a RUNNING job's rank that
+met an injected failure at each delivery (in the DLQ, its alarm fired) is redriven as the
+runbook says (``runbook.redrive_lost_stops``, counted in ``redriven``).
+
 Checked: every job ends (COMPLETE or FAILED) once faults stop; every FAILED job got an
 e-mail naming it; the backstop invariant (every job neither RUNNING nor terminal is in
 the deadline index) after every simulated minute; no job waits past its due time for long;
@@ -44,10 +48,11 @@ from gpu_recovery.repository import Repository
 
 from .emulator import DYNAMODB_BACKENDS, LocalAws
 from .invariants import forgotten_jobs, started_twice
+from .runbook import redrive_lost_stops
 from .sim.bus import EventBus
 from .sim.ecs import SimulatedEcs
 from .sim.wiring import SWEEP_SCHEDULE
-from .world import build_world
+from .world import World, build_world
 
 MIN = 60
 HOUR = 3600
@@ -86,17 +91,19 @@ class SoakResult:
     killed_by_a_reboot: list[str] = field(default_factory=list)
     breaker_trips: int = 0
     dead_letters: int = 0
+    redriven: int = 0  # lost STOPPED events of RUNNING jobs the DLQ runbook redrove
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
                 "calls": self.calls, "broken": self.broken, "problems": self.problems,
                 "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters,
+                "redriven": self.redriven,
                 "failed_on_their_own": len(self.failed_on_their_own),
                 "killed_by_a_reboot": self.killed_by_a_reboot}
 
 
 @contextmanager
-def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, EventBus, SimulatedEcs]]:
+def _world(nodes: int, dynamodb: str) -> Iterator[World]:
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger().setLevel(logging.CRITICAL)
     env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800", "POWERTOOLS_LOG_LEVEL": "CRITICAL"}
@@ -104,7 +111,7 @@ def _world(nodes: int, dynamodb: str) -> Iterator[tuple[LocalAws, EventBus, Simu
                      dynamodb=dynamodb) as world:
         for i in range(nodes):
             world.ecs.add_node(f"node-{i:02d}", gpus=8)
-        yield world.aws, world.bus, world.ecs
+        yield world
 
 
 def plan_jobs(rng: random.Random, count: int, hours: float, fault_share: float) -> list[SoakJob]:
@@ -182,7 +189,8 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
              verbose: bool = False, dynamodb: str = "memory") -> SoakResult:
     rng = random.Random(seed)
     planned = plan_jobs(rng, jobs, hours, fault_share)
-    with _world(nodes, dynamodb) as (local, bus, sim):
+    with _world(nodes, dynamodb) as world:
+        local, bus, sim = world.aws, world.bus, world.ecs
         scheduler = _UserScheduler(local, sim, planned, rng)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
         local.call_faults.arm_random(rate, seed, record_sites=verbose)
@@ -199,14 +207,20 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
         calls, broken = len(local.call_faults.calls), len(local.call_faults.broken)
         local.call_faults.disarm()
         settle_end = sim.now() + settle_hours * HOUR
+        redriven: list[str] = []
         while sim.now() < settle_end:
             scheduler.tick()
             sim.run_for(MIN)
+            if bus.dead_letters:  # the DLQ's alarm fired: the runbook's redrive
+                jobs_now = {j.job_id: repo.jobs.get_job(j.job_id) for j in planned}
+                redriven += redrive_lost_stops(world, jobs_now)
             for job_id, why in forgotten_jobs(repo, sim.now()).items():
                 forgotten.setdefault(job_id, f"{sim.clock.hms()}: {why}")
             if not scheduler.queue and all(_terminal(repo, j.job_id) for j in planned):
                 break
-        return _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
+        result = _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
+        result.redriven = len(redriven)
+        return result
 
 
 def _failed_on_its_own(last_error: str) -> bool:

@@ -36,6 +36,7 @@ from gpu_recovery.repository import Repository
 
 from ..emulator import LocalAws
 from ..invariants import forgotten_jobs, forgotten_validations, started_twice
+from ..runbook import redrive_lost_stops
 from ..sim.broken_calls import FAULT_MODES, ApiCall, CallFaults, modes_of
 from ..sim.bus import Delivery, EventBus
 from ..sim.wiring import SWEEP_SCHEDULE
@@ -309,36 +310,11 @@ def run_flow(scenario: Scenario[R], fault: tuple[int, str] | None = None, *, kee
         return scenario.result(world, common)
 
 
-def redrive_lost_stops(world: World, jobs: Mapping[str, Job | None]) -> list[str]:
-    """With calls failing at random: the STOPPED events of a RUNNING job's current ranks whose
-    every delivery met an injected failure (a first delivery may have written the rank's end but
-    not counted it), redriven as the DLQ runbook says (its alarm fired; the sweep does not replay
-    them for a job still RUNNING, docs/recovery-loop.md "Known limits"), their calls the
-    operator's (neither counted nor broken). What the redrive did: "task at"."""
-    current = {r.task_arn for job in jobs.values() if job is not None and job.state is JobState.RUNNING
-               for r in world.repo.jobs.get_ranks(job) if r.attempt == job.attempt}
-    done = []
-    for letter in list(world.bus.dead_letters):
-        event = letter.event if isinstance(letter.event, dict) else {}
-        detail = event.get("detail") or {}
-        if (event.get("detail-type") != "ECS Task State Change" or detail.get("lastStatus") != "STOPPED"
-                or detail.get("taskArn") not in current):
-            continue
-        tries = [d for d in world.bus.deliveries if d.event_id == event.get("id") and d.rule == letter.rule]
-        if not tries or any(d.ok or "(injected" not in str(d.error) for d in tries):
-            continue
-        with world.aws.call_faults.paused():
-            delivery = world.bus.redrive(letter)
-        outcome = "ok" if delivery.ok else delivery.error
-        done.append(f"{detail['taskArn']} at {world.ecs.now():.0f}: {outcome}")
-    return done
-
-
 def _dead_letters(world: World, failing: tuple[float, int] | None) -> int:
     """Events that exhausted their retries (scheduled runs not counted). With calls failing at
     random, each of an event's three deliveries can meet an injected failure: AWS's DLQ is there
     for that, and the sweep finishes the event's work (a RUNNING job's STOPPED event: the
-    runbook's redrive, :func:`redrive_lost_stops`), which the flow's own checks hold. Then
+    runbook's redrive, ``runbook.redrive_lost_stops``), which the flow's own checks hold. Then
     only a dead letter whose last delivery failed otherwise (a defect, not the dice) counts."""
     letters = [d for d in world.bus.dead_letters if d.rule not in SCHEDULES]
     if failing is not None:

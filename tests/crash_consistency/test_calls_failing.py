@@ -33,7 +33,7 @@ def test_a_running_job_s_stop_lost_to_three_injected_failures_is_redriven_as_the
     then a write's answer lost), so it is dead-lettered with the rank's end written but not
     counted (rank 0 DONE, the job RUNNING), and the sweep does not replay it for a RUNNING job
     (docs/recovery-loop.md, "Known limits"). The flow redrives it as the DLQ runbook does
-    (``runner.redrive_lost_stops``): the job completes, its goodput ledger right."""
+    (``runbook.redrive_lost_stops``): the job completes, its goodput ledger right."""
     with calls_failing(0.03, 205):
         result = recovery.run("held_autoclose")
     assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
