@@ -16,7 +16,8 @@ Once the calls stop failing, the soak settles; a STOPPED event of a RUNNING job'
 met an injected failure at each delivery (in the DLQ, its alarm fired) is redriven as the
 runbook says (``runbook.redrive_lost_stops``, counted in ``redriven``).
 
-Checked: every job ends (COMPLETE or FAILED) once faults stop; every FAILED job got an
+Checked: every job ends (COMPLETE or FAILED) once faults stop (but one still in its first
+training, started too late to finish by the end: ``still_training``); every FAILED job got an
 e-mail naming it; the backstop invariant (every job neither RUNNING nor terminal is in
 the deadline index) after every simulated minute; no job waits past its due time for long;
 the breaker, if random faults tripped it, closed by itself by the end. ``python -m local_mode.soak --seed 3``.
@@ -43,6 +44,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Repository
 
@@ -92,12 +94,13 @@ class SoakResult:
     breaker_trips: int = 0
     dead_letters: int = 0
     redriven: int = 0  # lost STOPPED events of RUNNING jobs the DLQ runbook redrove
+    still_training: list[str] = field(default_factory=list)  # started too late to finish by the end
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
                 "calls": self.calls, "broken": self.broken, "problems": self.problems,
                 "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters,
-                "redriven": self.redriven,
+                "redriven": self.redriven, "still_training": self.still_training,
                 "failed_on_their_own": len(self.failed_on_their_own),
                 "killed_by_a_reboot": self.killed_by_a_reboot}
 
@@ -223,6 +226,13 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
         return result
 
 
+def _still_training(planned: SoakJob, job: Job | None, now: float) -> bool:
+    """Started so late that its first attempt's training has not had its time by the end (the
+    cluster had no room for it sooner): running on, not stuck."""
+    return (job is not None and job.state is JobState.RUNNING and job.attempt == 1
+            and planned.started_at is not None and planned.started_at + planned.train_seconds > now)
+
+
 def _failed_on_its_own(last_error: str) -> bool:
     """Failed by a rank's own exit with a code that is not a suspected GPU fault: the job's
     own failure, which the stack does not recover nor e-mail about (docs/recovery-loop.md)."""
@@ -238,12 +248,14 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
            seed: int,
            rate: float, calls: int, broken: int, forgotten: dict[str, str], verbose: bool) -> SoakResult:
     states: dict[str, int] = {}
-    unfinished, failed, own, killed = [], [], [], []
+    unfinished, failed, own, killed, training = [], [], [], [], []
     for planned_job in planned:
         job = repo.jobs.get_job(planned_job.job_id)
         state = job.state.value if job is not None else "NEVER_STARTED"
         states[state] = states.get(state, 0) + 1
-        if job is None or not job.state.is_terminal:
+        if _still_training(planned_job, job, sim.now()):
+            training.append(planned_job.job_id)
+        elif job is None or not job.state.is_terminal:
             unfinished.append(f"{planned_job.job_id} {state} (fault {planned_job.fault})")
         elif job.state is JobState.FAILED and _failed_on_its_own(job.last_error):
             own.append(planned_job.job_id)
@@ -261,7 +273,7 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
                         failed_without_email=no_mail,
                         forgotten=sorted(f"{k} {v}" for k, v in forgotten.items()),
                         unfinished=unfinished, breaker_trips=trips, dead_letters=len(dead),
-                        failed_on_their_own=own, killed_by_a_reboot=killed)
+                        failed_on_their_own=own, killed_by_a_reboot=killed, still_training=training)
     if unfinished:
         result.problems.append(f"jobs never ended: {unfinished}")
     if no_mail:
