@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
-from tests.recovery.fakes import LostResponse, World, world
+from tests.recovery.fakes import ACCOUNT, REGION, FakeTask, LostResponse, World, ci_arn, world
 
 
 def _value(w: World, node: str) -> str | None:
@@ -194,3 +195,41 @@ def test_a_fault_whose_first_delivery_died_after_its_commit_is_reserved_before_i
         else:
             w.service.report_suspected_fault("j", 1, "node-a", "rank 0 hung at step 7", 0)
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
+
+
+def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its_stop() -> None:
+    """Given a three-node job whose rank 2's RUNNING event was lost (no rank item, not on the
+    registered latch: its fault's reservation cannot know node-c), When rank 0 fails and the
+    gang's stop finds rank 2 running by its tags and registers it, Then node-c is reserved for
+    the job before rank 2's stop frees it (a minute's wait for the sweep's refresh let another
+    scheduler take it: soak seed 6967 at 6 %)."""
+    nodes = ["node-a", "node-b", "node-c"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        lost = f"{arns[2]}-lost"
+        w.ecs.tasks[lost] = FakeTask(lost, "node-c", "gpujobs", "family:train")
+        jobs = w.repo.tables.db.table(w.repo.tables.job_table_name)
+        jobs.delete_item(Key={C.JOB_PK: C.rank_item_key("j", 2)})
+        jobs.update_item(
+            Key={C.JOB_PK: C.latch_shard_key("j", 1, 0)}, UpdateExpression="DELETE #r :two, #n :c",
+            ExpressionAttributeNames={"#r": "reg", "#n": "nodes"},
+            ExpressionAttributeValues={":two": {2}, ":c": {"node-c"}})
+        jobs.update_item(
+            Key={C.JOB_PK: C.latch_head_key("j", 1)}, UpdateExpression="DELETE #s :zero",
+            ExpressionAttributeNames={"#s": "reg_s"}, ExpressionAttributeValues={":zero": {0}})
+        tags = [{"key": C.TAG_JOB_ID, "value": "j"}, {"key": C.TAG_RANK, "value": "2"},
+                {"key": C.TAG_WORLD_SIZE, "value": "3"}]
+        w.ecs.running_tasks_tagged = lambda key, value: [  # type: ignore[method-assign]
+            {"taskArn": lost, "containerInstanceArn": ci_arn("node-c"), "tags": tags,
+             "taskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1"}]
+        at_stop: dict[str, Any] = {}
+        real_stop = w.ecs.stop_task
+
+        def stop_task(task_arn: str, reason: str) -> None:
+            at_stop.setdefault(task_arn, _value(w, "node-c"))
+            real_stop(task_arn, reason)
+
+        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        assert lost in at_stop, "the premise: rank 2 found by its tags and stopped"
+        assert at_stop[lost] == "reserved"

@@ -45,12 +45,13 @@ from gpu_recovery.domain.latch import Latch
 from gpu_recovery.domain.launch_plan import parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id, task_time
 from gpu_recovery.domain.notifications import NotificationFacts
-from gpu_recovery.domain.states import JobState, RankState
+from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState, RankState
 from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration, eni_subnet, id_list
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import EcsPort, MetricsPort
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort, after_commit
+from gpu_recovery.recovery.reactions import FaultSeen, Reactions
 from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
 from gpu_recovery.recovery.task_refusals import (
     NetworkUnknown,
@@ -280,6 +281,7 @@ class RankOperations:
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
     tag_lookups: GangQueuePort | None = None
+    reactions: Reactions = field(default_factory=Reactions)  # told: a recovering job's rank found
 
     # ------------------------------------------------------------- registration
     def register_rank(self, reg: RankRegistration) -> Rank:
@@ -496,8 +498,10 @@ class RankOperations:
 
     def register_missing(self, job: Job) -> list[int]:
         """Ranks whose RUNNING event never arrived, found running by their tags and registered
-        (so they are stopped and restarted too). Costs a ListTasks and a DescribeTasks per
-        100 tasks of the cluster: only when the attempt's registered latch is incomplete."""
+        (so they are stopped and restarted too; a job in recovery has their nodes reserved
+        with its own first: its fault did not know them, and their stop frees them). Costs a
+        ListTasks and a DescribeTasks per 100 tasks of the cluster: only when the attempt's
+        registered latch is incomplete."""
         repo = self.data
         if self.all_registered(job):
             return []
@@ -513,6 +517,8 @@ class RankOperations:
                     "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn})
                 self.register_rank(reg)
                 found.append(reg.rank)
+        if found and job.state in RECOVERING_JOB_STATES:
+            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
         return found
 
     def refuse(self, refused: Refused) -> None:

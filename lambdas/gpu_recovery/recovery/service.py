@@ -101,11 +101,11 @@ class RecoveryService:
         self.redeliveries = redeliveries
         # The e-mails, owed with the decisions they report (the outbox), for every stage.
         notices = Notices(repo.notices, repo.faults, notifier)
-        self.ranks = RankOperations(repo, repo.registrations, ecs, notices, metrics=self._metrics,
-                                    settings=settings, tag_lookups=tag_lookups)
         # What one stage tells the others: every stage built with it, the table declared once
         # below (``_reactions``), when every stage exists.
         self.reactions = reactions = Reactions()
+        self.ranks = RankOperations(repo, repo.registrations, ecs, notices, metrics=self._metrics,
+                                    settings=settings, tag_lookups=tag_lookups, reactions=reactions)
         scheduling = SchedulingRepository(repo.jobs)
         # A queue launch's ranks: the job's spec and its launch plan (the start fan-out's other source).
         launch_templates = LaunchTemplates(repo.jobs, scheduling, repo.fanouts, repo.instances,
