@@ -24,8 +24,10 @@ from moto import mock_aws
 from gpu_recovery import clock
 from gpu_recovery import constants as C
 from gpu_recovery.adapters.ecs import StartResult
+from gpu_recovery.domain import latch
 from gpu_recovery.domain.breaker import breaker
 from gpu_recovery.domain.notifications import Notification
+from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.events.ecs import EcsContainerInstanceDetail, EcsTaskDetail
 from gpu_recovery.recovery import RankRegistration, RecoveryService
 from gpu_recovery.repository import Repository
@@ -142,6 +144,9 @@ class FakeEcs:
     taken: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: node -> when it registered (a ``registeredAt >= <date>`` listing filters on it; others: 0)
     registered: dict[str, float] = field(default_factory=dict)
+    #: running tasks as ListTasks + DescribeTasks describe them with their tags (the tag look-up)
+    tagged_tasks: list[dict[str, Any]] = field(default_factory=list)
+    tag_lookups: int = 0
 
     def _fault(self, operation: str) -> str | None:
         queue = self.failures.get(operation) or []
@@ -215,7 +220,9 @@ class FakeEcs:
                      and t.node == container_instance and t.last_status == "STOPPED"), None)
 
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
-        return []
+        self.tag_lookups += 1
+        tag = {"key": tag_key, "value": tag_value}
+        return [t for t in self.tagged_tasks if tag in t["tags"]]
 
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:
         node = container_instance.rsplit("/", 1)[-1]
@@ -511,6 +518,45 @@ class World:
                       *({"key": k, "value": v} for k, v in (tags or {}).items())]))
             arns.append(arn)
         return arns
+
+    def lose_registration(self, job_id: str, rank: int, node: str, world_size: int) -> str:
+        """Rank ``rank`` of attempt 1 runs on ``node`` (its task, returned) but its RUNNING
+        event was lost: no rank item, not arrived on the registered latch (nor its node), found
+        only by its tags."""
+        arn = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/{job_id}{rank}-lost"
+        self.ecs.tasks[arn] = FakeTask(arn, node, "gpujobs", "family:train")
+        jobs = self.repo.tables.db.table(self.repo.tables.job_table_name)
+        jobs.delete_item(Key={C.JOB_PK: C.rank_item_key(job_id, rank)})
+        shard = latch.shard_of(rank)
+        jobs.update_item(
+            Key={C.JOB_PK: C.latch_shard_key(job_id, 1, shard)}, UpdateExpression="DELETE #r :rank, #n :node",
+            ExpressionAttributeNames={"#r": latch.Latch.REGISTERED.value, "#n": "nodes"},
+            ExpressionAttributeValues={":rank": {rank}, ":node": {node}})
+        jobs.update_item(
+            Key={C.JOB_PK: C.latch_head_key(job_id, 1)}, UpdateExpression="DELETE #s :shard",
+            ExpressionAttributeNames={"#s": latch.Latch.REGISTERED.head_attribute},
+            ExpressionAttributeValues={":shard": {shard}})
+        self.ecs.tagged_tasks.append({
+            "taskArn": arn, "containerInstanceArn": ci_arn(node),
+            "taskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1",
+            "tags": [{"key": C.TAG_JOB_ID, "value": job_id}, {"key": C.TAG_RANK, "value": str(rank)},
+                     {"key": C.TAG_WORLD_SIZE, "value": str(world_size)}]})
+        return arn
+
+    def unavailable_at_stop(self, nodes: Sequence[str]) -> dict[str, dict[str, str | None]]:
+        """Filled as tasks are stopped: each task's first StopTask -> ``nodes``' placement
+        attribute (``gpu-recovery.unavailable``) at that moment (a reservation must come
+        before the stop that frees its node)."""
+        seen: dict[str, dict[str, str | None]] = {}
+        real_stop = self.ecs.stop_task
+
+        def stop_task(task_arn: str, reason: str) -> None:
+            seen.setdefault(task_arn, {
+                n: self.ecs.attribute_values.get(n, {}).get(UNAVAILABLE_ATTRIBUTE) for n in nodes})
+            real_stop(task_arn, reason)
+
+        self.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        return seen
 
     def register_queue_job(self, job_id: str, nodes: list[str]) -> list[str]:
         """A queue job (the control channel: it can be asked to checkpoint) running on ``nodes``."""

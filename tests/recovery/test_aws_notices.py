@@ -443,14 +443,7 @@ def test_a_move_whose_commit_answer_was_lost_reserves_the_jobs_nodes_before_its_
         w.ecs.spare_nodes = [IDLE]
         arns = w.register_job("tagged", [PEER, NODE], tags={C.TAG_RELOCATABLE: "true"})
         w.repo.fail_once("aws_notices.move_job_off_notice", "lose")
-        at_stop: dict[str, Any] = {}
-        real_stop = w.ecs.stop_task
-
-        def stop_task(task_arn: str, reason: str) -> None:
-            at_stop.setdefault(task_arn, w.ecs.attribute_values.get(PEER, {}).get(UNAVAILABLE_ATTRIBUTE))
-            real_stop(task_arn, reason)
-
-        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        at_stop = w.unavailable_at_stop([PEER])
         notify(w, "spot_interruption")
         assert w.repo.armed() == [], "the premise: the move's answer was lost"
-        assert at_stop.get(arns[0]) == "reserved"
+        assert at_stop.get(arns[0]) == {PEER: "reserved"}

@@ -23,7 +23,7 @@ from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, SEND_CLAIM_S
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, RECHECK_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
-from tests.recovery.fakes import ACCOUNT, CLUSTER, REGION, FakeTask, LostResponse, World, ci_arn, world
+from tests.recovery.fakes import FakeTask, LostResponse, World, world
 
 WORLD = 40  # > INLINE_MAX_RANKS: batches go through the queue
 
@@ -453,29 +453,10 @@ def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None
     with world(gang_queue=True) as w:
         nodes = _nodes(WORLD)
         arns = w.register_job("big", nodes)
-        lost = f"arn:aws:ecs:{REGION}:{ACCOUNT}:task/{CLUSTER}/lost7"
-        w.ecs.tasks[lost] = FakeTask(lost, nodes[7], "gpujobs", "family:train")
-        jobs = w.repo.tables.db.table(w.repo.tables.job_table_name)
-        jobs.delete_item(Key={C.JOB_PK: C.rank_item_key("big", 7)})
-        jobs.update_item(
-            Key={C.JOB_PK: C.latch_shard_key("big", 1, 0)}, UpdateExpression="DELETE #r :seven",
-            ExpressionAttributeNames={"#r": "reg"}, ExpressionAttributeValues={":seven": {7}})
-        jobs.update_item(
-            Key={C.JOB_PK: C.latch_head_key("big", 1)}, UpdateExpression="DELETE #s :zero",
-            ExpressionAttributeNames={"#s": "reg_s"}, ExpressionAttributeValues={":zero": {0}})
-        tags = [{"key": C.TAG_JOB_ID, "value": "big"}, {"key": C.TAG_RANK, "value": "7"},
-                {"key": C.TAG_WORLD_SIZE, "value": str(WORLD)}]
-        looked = {"n": 0}
-
-        def tagged(key: str, value: str) -> list[dict[str, Any]]:
-            looked["n"] += 1
-            return [{"taskArn": lost, "containerInstanceArn": ci_arn(nodes[7]), "tags": tags,
-                     "taskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1"}]
-
-        w.ecs.running_tasks_tagged = tagged  # type: ignore[method-assign]
+        lost = w.lose_registration("big", 7, nodes[7], world_size=WORLD)
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
         w.drain_queue()
-        assert looked["n"] == 1 and lost in w.ecs.stop_calls and arns[7] not in w.ecs.stop_calls
+        assert w.ecs.tag_lookups == 1 and lost in w.ecs.stop_calls and arns[7] not in w.ecs.stop_calls
         assert _stopped_by_us(w) == WORLD - 1
         assert w.repo.jobs.get_job("big").tally.total == 1
 

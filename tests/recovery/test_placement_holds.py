@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpu_recovery import constants as C
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
-from tests.recovery.fakes import ACCOUNT, REGION, FakeTask, LostResponse, World, ci_arn, world
+from tests.recovery.fakes import LostResponse, World, world
 
 
 def _value(w: World, node: str) -> str | None:
@@ -182,14 +181,7 @@ def test_a_fault_whose_first_delivery_died_after_its_commit_is_reserved_before_i
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
         assert w.repo.jobs.get_job("j").stop_fanout, "the premise: the stop intent committed"
         assert _value(w, "node-a") is None and arns[0] not in w.ecs.stop_calls
-        at_stop: dict[str, Any] = {}
-        real_stop = w.ecs.stop_task
-
-        def stop_task(task_arn: str, reason: str) -> None:
-            at_stop.setdefault(task_arn, {n: _value(w, n) for n in nodes})
-            real_stop(task_arn, reason)
-
-        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        at_stop = w.unavailable_at_stop(nodes)
         if then.startswith("redelivered"):
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
         else:
@@ -206,30 +198,8 @@ def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its
     nodes = ["node-a", "node-b", "node-c"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
-        lost = f"{arns[2]}-lost"
-        w.ecs.tasks[lost] = FakeTask(lost, "node-c", "gpujobs", "family:train")
-        jobs = w.repo.tables.db.table(w.repo.tables.job_table_name)
-        jobs.delete_item(Key={C.JOB_PK: C.rank_item_key("j", 2)})
-        jobs.update_item(
-            Key={C.JOB_PK: C.latch_shard_key("j", 1, 0)}, UpdateExpression="DELETE #r :two, #n :c",
-            ExpressionAttributeNames={"#r": "reg", "#n": "nodes"},
-            ExpressionAttributeValues={":two": {2}, ":c": {"node-c"}})
-        jobs.update_item(
-            Key={C.JOB_PK: C.latch_head_key("j", 1)}, UpdateExpression="DELETE #s :zero",
-            ExpressionAttributeNames={"#s": "reg_s"}, ExpressionAttributeValues={":zero": {0}})
-        tags = [{"key": C.TAG_JOB_ID, "value": "j"}, {"key": C.TAG_RANK, "value": "2"},
-                {"key": C.TAG_WORLD_SIZE, "value": "3"}]
-        w.ecs.running_tasks_tagged = lambda key, value: [  # type: ignore[method-assign]
-            {"taskArn": lost, "containerInstanceArn": ci_arn("node-c"), "tags": tags,
-             "taskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/train:1"}]
-        at_stop: dict[str, Any] = {}
-        real_stop = w.ecs.stop_task
-
-        def stop_task(task_arn: str, reason: str) -> None:
-            at_stop.setdefault(task_arn, _value(w, "node-c"))
-            real_stop(task_arn, reason)
-
-        w.ecs.stop_task = stop_task  # type: ignore[method-assign]
+        lost = w.lose_registration("j", 2, "node-c", world_size=3)
+        at_stop = w.unavailable_at_stop(["node-c"])
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
         assert lost in at_stop, "the premise: rank 2 found by its tags and stopped"
-        assert at_stop[lost] == "reserved"
+        assert at_stop[lost] == {"node-c": "reserved"}

@@ -164,7 +164,7 @@ class PlacementHolds:
         return "holds_changed"
 
     # ------------------------------------------------------------------- a fault
-    def on_fault(self, job: Job, node: str = "") -> str:
+    def on_fault(self, job: Job, failing_node: str = "") -> str:
         """The invocation that sees a job's fault: its nodes reserved for it at once (before
         its other ranks are stopped and their nodes free), busy or not, one write and one
         sync, tried once more at once when a call fails or another writer raced it (the stops
@@ -172,7 +172,8 @@ class PlacementHolds:
         scheduler's task there); with a spare pool, the spare its relocation may take is
         decided here too (``GangRestart.decide_on_fault``) and the pool refilled. A step that
         fails again is left to the sweep's refresh (the job in recovery is the intent)."""
-        action = twice(partial(self._reserve_nodes_of, job, node), done=lambda done: done != "holds_raced")
+        action = twice(partial(self._reserve_nodes_of, job, failing_node),
+                       done=lambda done: done != "holds_raced")
         if self.settings.spare_nodes.configured:
             decided = self.restarts.decide_on_fault(job)
             if decided:
@@ -180,10 +181,10 @@ class PlacementHolds:
             action = self.refresh()
         return action
 
-    def _reserve_nodes_of(self, job: Job, node: str = "") -> str:
-        """The job's nodes (and ``node``, its failing rank's) reserved for it and their attributes
+    def _reserve_nodes_of(self, job: Job, failing_node: str = "") -> str:
+        """The job's nodes (and ``failing_node``, its failing rank's) reserved for it and their attributes
         put (a sync that fails is raised: the try again syncs what this one committed, pending)."""
-        nodes = sorted(self.nodes.nodes_of(job) | ({node} if node else set()))
+        nodes = sorted(self.nodes.nodes_of(job) | ({failing_node} if failing_node else set()))
         read = self.data.cordons.worklist()
         changes: dict[str, Mapping[str, Any] | None] = {}
         for node in nodes:
