@@ -22,6 +22,10 @@ e-mail naming it; the backstop invariant (every job neither RUNNING nor terminal
 the deadline index) after every simulated minute; no job waits past its due time for long;
 the breaker, if random faults tripped it, closed by itself by the end. ``python -m local_mode.soak --seed 3``.
 
+A job that ended wrong is explained on stderr (its history, its nodes' timeline, the calls
+broken meanwhile); ``--explain JOB`` explains any job so, with the stack's own log records
+that name the job or one of its nodes (``--explain soak-017 --seed 6944 --rate 0.06``).
+
 The tables are the in-memory DynamoDB (``LocalAws(dynamodb="memory")``, as in the crash
 campaigns); ``--dynamodb moto`` runs the same soak on moto.
 """
@@ -37,7 +41,7 @@ import random
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,12 +191,48 @@ class _UserScheduler:
                                 crash_delay_seconds=10)
 
 
+class _StackLog(logging.Handler):
+    """The stack's log records (the ``gpu_recovery`` package's), each with its simulated time
+    and its structured fields, kept to explain a job afterwards."""
+
+    _STANDARD = {*logging.LogRecord("", 0, "", 0, "", (), None).__dict__, "message", "asctime"}
+
+    def __init__(self, sim: SimulatedEcs) -> None:
+        super().__init__(logging.INFO)
+        self.sim, self.lines = sim, list[tuple[float, str]]()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = {k: v for k, v in record.__dict__.items() if k not in self._STANDARD}
+        self.lines.append((self.sim.now(), f"{self.sim.clock.hms()} {record.levelname[0]} "
+                           f"{record.name.rsplit('.', 1)[-1]}: {record.getMessage()} "
+                           f"{json.dumps(fields, default=str)}"))
+
+
+@contextmanager
+def _stack_log(sim: SimulatedEcs, wanted: bool) -> Iterator[_StackLog | None]:
+    if not wanted:
+        yield None
+        return
+    handler, logger = _StackLog(sim), logging.getLogger("gpu_recovery")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the root logger's handlers stay quiet, as without it
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9.0, rate: float = 0.01,
              fault_share: float = 0.35, settle_hours: float = 3.0, flaps_per_minute: float = 0.1,
-             verbose: bool = False, dynamodb: str = "memory") -> SoakResult:
+             verbose: bool = False, dynamodb: str = "memory", explain: Sequence[str] = ()) -> SoakResult:
+    """``explain``: jobs explained on stderr at the end, with the stack's log records."""
     rng = random.Random(seed)
     planned = plan_jobs(rng, jobs, hours, fault_share)
-    with _world(nodes, dynamodb) as world:
+    with _world(nodes, dynamodb) as world, _stack_log(world.ecs, bool(explain)) as stack_log:
         local, bus, sim = world.aws, world.bus, world.ecs
         scheduler = _UserScheduler(local, sim, planned, rng)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
@@ -223,6 +263,8 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
                 break
         result = _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
         result.redriven = len(redriven)
+        for job_id in explain:
+            _explain(local, sim, repo, job_id, stack_log.lines if stack_log else [])
         return result
 
 
@@ -300,19 +342,26 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
     return result
 
 
-def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) -> None:
-    """What happened to a job that ended wrong: its history, and the calls broken meanwhile."""
+def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str,
+             stack_log: Sequence[tuple[float, str]] = ()) -> None:
+    """What happened to a job: its history, and from ten minutes before it to ten after, its
+    nodes' timeline, the calls broken and the stack's log records (``stack_log``: when, what)
+    that name it or one of its nodes."""
     item = repo.jobs.get_job_item(job_id) or {}
     out = sys.stderr
+    if not item:
+        print(f"=== {job_id}: no such job (the soak's jobs are soak-000 ...)", file=out)
+        return
     print(f"=== {job_id}: {item.get('job_state')} attempt {item.get('attempt')} "
           f"error {str(item.get('last_error'))[:300]!r}", file=out)
     times = []
     for entry in item.get("history") or []:
         times.append(float(entry["at"]))
-        print(f"  {float(entry['at']):.0f} {entry.get('from')} -> {entry.get('to')}: "
+        print(f"  {sim.clock.hms(float(entry['at']))} {entry.get('from')} -> {entry.get('to')}: "
               f"{str(entry.get('reason'))[:200]}", file=out)
     job = repo.jobs.get_job(job_id)
-    nodes = {sim.node(r.container_inst_id).name for r in repo.jobs.get_ranks(job)} if job else set()
+    instances = {r.container_inst_id for r in repo.jobs.get_ranks(job)} if job else set()
+    nodes = {sim.node(i).name for i in instances}
     if times:
         first, last = min(times) - 600, max(times) + 600
         for entry in sim.timeline:
@@ -323,6 +372,9 @@ def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str) 
             if at is None or first <= at <= last:
                 print(f"  broken {mode}: {call.service}.{call.operation} at {call.site} "
                       f"(t={at})", file=out)
+        for at, line in stack_log:
+            if first <= at <= last and (job_id in line or any(i in line for i in instances)):
+                print(f"  log {line[:700]}", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,13 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.01)
     parser.add_argument("--dynamodb", choices=DYNAMODB_BACKENDS, default="memory",
                         help="the tables' backend (default: the in-memory store)")
+    parser.add_argument("--explain", action="append", default=[], metavar="JOB",
+                        help="explain this job on stderr at the end, with the stack's log records "
+                             "that name it or its nodes (repeatable)")
     args = parser.parse_args(argv)
     bad = 0
     report = sys.stdout
     for seed in range(args.seed, args.seed + args.seeds):
         with contextlib.redirect_stdout(io.StringIO()):  # the handlers' structured logs and metrics
             result = run_soak(seed=seed, nodes=args.nodes, jobs=args.jobs, hours=args.hours, rate=args.rate,
-                              verbose=True, dynamodb=args.dynamodb)
+                              verbose=True, dynamodb=args.dynamodb, explain=args.explain)
         print(json.dumps(result.as_dict()), file=report, flush=True)
         bad += bool(result.problems)
     return 1 if bad else 0

@@ -1,0 +1,36 @@
+"""``python -m local_mode.soak --explain JOB`` (local_mode/soak.py): a job's history with the
+stack's own log records that name it, on stderr; a job the soak never had is said to be so."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from local_mode import soak
+
+
+def test_an_explained_job_shows_its_history_and_the_stacks_log_records_naming_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Given a small soak (four nodes, one job, no call failing), When soak-000 and a job it
+    never had are explained, Then soak-000's state, its history and the stack's records of its
+    ranks' registration are printed, and the other is named as no such job."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = soak.run_soak(seed=5, nodes=4, jobs=1, hours=1.5, settle_hours=1.0, rate=0.0,
+                               flaps_per_minute=0.0, explain=["soak-000", "soak-999"])
+    explained = capsys.readouterr().err
+    assert result.problems == []
+    job = explained.split("=== soak-999")[0]
+    assert job.startswith("=== soak-000: COMPLETE") or job.startswith("=== soak-000: FAILED"), job[:300]
+    assert "-> RUNNING" in job  # its history
+    logged = [line for line in job.splitlines() if line.startswith("  log ")]
+    registered = [line for line in logged if "rank registered" in line]
+    assert registered and all('"job_id": "soak-000"' in line for line in registered)
+    assert "=== soak-999: no such job" in explained
+
+
+def test_without_explain_the_stacks_log_is_not_kept() -> None:
+    """The records are kept only for ``--explain`` (a soak without it keeps its memory flat)."""
+    with soak._stack_log(sim=None, wanted=False) as kept:  # type: ignore[arg-type]
+        assert kept is None
