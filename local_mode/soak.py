@@ -25,6 +25,8 @@ the breaker, if random faults tripped it, closed by itself by the end. ``python 
 A job that ended wrong is explained on stderr (its history, its nodes' timeline, the calls
 broken meanwhile); ``--explain JOB`` explains any job so, with the stack's own log records
 that name the job or one of its nodes (``--explain soak-017 --seed 6944 --rate 0.06``).
+``--against 0`` runs each seed without failing calls first and lists (``failed_beyond_baseline``)
+and explains the jobs the stack failed only with them: leads to read, as placement differs.
 
 The tables are the in-memory DynamoDB (``LocalAws(dynamodb="memory")``, as in the crash
 campaigns); ``--dynamodb moto`` runs the same soak on moto.
@@ -41,7 +43,7 @@ import random
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +101,9 @@ class SoakResult:
     dead_letters: int = 0
     redriven: int = 0  # lost STOPPED events of RUNNING jobs the DLQ runbook redrove
     still_training: list[str] = field(default_factory=list)  # started too late to finish by the end
+    failed_by_the_stack: list[str] = field(default_factory=list)  # FAILED by a decision of the stack's
+    #: with ``--against RATE``: those the same seed's run at RATE did not fail (None: not compared)
+    failed_beyond_baseline: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
@@ -106,7 +111,10 @@ class SoakResult:
                 "breaker_trips": self.breaker_trips, "dead_letters": self.dead_letters,
                 "redriven": self.redriven, "still_training": self.still_training,
                 "failed_on_their_own": len(self.failed_on_their_own),
-                "killed_by_a_reboot": self.killed_by_a_reboot}
+                "killed_by_a_reboot": self.killed_by_a_reboot,
+                "failed_by_the_stack": len(self.failed_by_the_stack),
+                **({} if self.failed_beyond_baseline is None
+                   else {"failed_beyond_baseline": self.failed_beyond_baseline})}
 
 
 @contextmanager
@@ -228,11 +236,15 @@ def _stack_log(sim: SimulatedEcs, wanted: bool) -> Iterator[_StackLog | None]:
 
 def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9.0, rate: float = 0.01,
              fault_share: float = 0.35, settle_hours: float = 3.0, flaps_per_minute: float = 0.1,
-             verbose: bool = False, dynamodb: str = "memory", explain: Sequence[str] = ()) -> SoakResult:
-    """``explain``: jobs explained on stderr at the end, with the stack's log records."""
+             verbose: bool = False, dynamodb: str = "memory", explain: Sequence[str] = (),
+             baseline_failed: Collection[str] | None = None) -> SoakResult:
+    """``explain``: jobs explained on stderr at the end, with the stack's log records;
+    ``baseline_failed``: the jobs the stack failed in a run of the same seed at another rate;
+    those it fails here beyond them are listed (``failed_beyond_baseline``) and explained too."""
     rng = random.Random(seed)
     planned = plan_jobs(rng, jobs, hours, fault_share)
-    with _world(nodes, dynamodb) as world, _stack_log(world.ecs, bool(explain)) as stack_log:
+    keep_log = bool(explain) or baseline_failed is not None
+    with _world(nodes, dynamodb) as world, _stack_log(world.ecs, keep_log) as stack_log:
         local, bus, sim = world.aws, world.bus, world.ecs
         scheduler = _UserScheduler(local, sim, planned, rng)
         repo = Repository(local.resource("dynamodb"), local.job_table, local.instance_table)
@@ -263,7 +275,10 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
                 break
         result = _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
         result.redriven = len(redriven)
-        for job_id in explain:
+        if baseline_failed is not None:
+            result.failed_beyond_baseline = [
+                j for j in result.failed_by_the_stack if j not in baseline_failed]
+        for job_id in [*explain, *(result.failed_beyond_baseline or ())]:
             _explain(local, sim, repo, job_id, stack_log.lines if stack_log else [])
         return result
 
@@ -315,7 +330,8 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
                         failed_without_email=no_mail,
                         forgotten=sorted(f"{k} {v}" for k, v in forgotten.items()),
                         unfinished=unfinished, breaker_trips=trips, dead_letters=len(dead),
-                        failed_on_their_own=own, killed_by_a_reboot=killed, still_training=training)
+                        failed_on_their_own=own, killed_by_a_reboot=killed, still_training=training,
+                        failed_by_the_stack=failed)
     if unfinished:
         result.problems.append(f"jobs never ended: {unfinished}")
     if no_mail:
@@ -390,13 +406,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain", action="append", default=[], metavar="JOB",
                         help="explain this job on stderr at the end, with the stack's log records "
                              "that name it or its nodes (repeatable)")
+    parser.add_argument("--against", type=float, metavar="RATE",
+                        help="run each seed at RATE first (0: no call failing) and list and explain the "
+                             "jobs the stack failed only at --rate (placement differs between the two runs: "
+                             "a lead to read, not a verdict)")
     args = parser.parse_args(argv)
     bad = 0
     report = sys.stdout
+    shape = {"nodes": args.nodes, "jobs": args.jobs, "hours": args.hours, "dynamodb": args.dynamodb}
     for seed in range(args.seed, args.seed + args.seeds):
         with contextlib.redirect_stdout(io.StringIO()):  # the handlers' structured logs and metrics
-            result = run_soak(seed=seed, nodes=args.nodes, jobs=args.jobs, hours=args.hours, rate=args.rate,
-                              verbose=True, dynamodb=args.dynamodb, explain=args.explain)
+            baseline = None if args.against is None else run_soak(seed=seed, rate=args.against, **shape)
+            result = run_soak(seed=seed, rate=args.rate, verbose=True, explain=args.explain,
+                              baseline_failed=None if baseline is None else baseline.failed_by_the_stack,
+                              **shape)
         print(json.dumps(result.as_dict()), file=report, flush=True)
         bad += bool(result.problems)
     return 1 if bad else 0

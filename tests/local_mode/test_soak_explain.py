@@ -1,5 +1,6 @@
 """``python -m local_mode.soak --explain JOB`` (local_mode/soak.py): a job's history with the
-stack's own log records that name it, on stderr; a job the soak never had is said to be so."""
+stack's own log records that name it, on stderr; a job the soak never had is said to be so.
+``--against RATE``: the jobs the stack failed beyond a baseline run's, listed and explained."""
 
 from __future__ import annotations
 
@@ -34,3 +35,23 @@ def test_without_explain_the_stacks_log_is_not_kept() -> None:
     """The records are kept only for ``--explain`` (a soak without it keeps its memory flat)."""
     with soak._stack_log(sim=None, wanted=False) as kept:  # type: ignore[arg-type]
         assert kept is None
+
+
+@pytest.mark.parametrize("baseline_failed", [set(), {"soak-000"}])
+def test_a_job_the_stack_failed_beyond_the_baseline_is_listed_and_explained(
+        baseline_failed: set[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Given one non-relocatable job whose node's GPU dies (DCGM: replace; no spare: the stack
+    fails it and e-mails), When the run is compared with a baseline (``--against``) that did not
+    fail it, Then it is listed beyond the baseline and explained; compared with one that failed
+    it too, it is not."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = soak.run_soak(seed=3, nodes=4, jobs=1, hours=1.5, settle_hours=1.0, rate=0.0,
+                               flaps_per_minute=0.0, fault_share=1.0, baseline_failed=baseline_failed)
+    explained = capsys.readouterr().err
+    assert result.failed_by_the_stack == ["soak-000"] and result.problems == []
+    if baseline_failed:
+        assert result.failed_beyond_baseline == [] and "=== soak-000" not in explained
+    else:
+        assert result.failed_beyond_baseline == ["soak-000"]
+        assert explained.startswith("=== soak-000: FAILED") and "  log " in explained
+        assert result.as_dict()["failed_beyond_baseline"] == ["soak-000"]
