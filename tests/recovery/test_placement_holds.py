@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from gpu_recovery import constants as C
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
+from gpu_recovery.repository.base import Update
 from tests.recovery.fakes import LostResponse, World, world
 
 
@@ -116,6 +118,29 @@ def test_a_sync_of_many_nodes_keeps_what_it_did_when_a_call_fails_midway() -> No
         assert all(_value(w, n) == "reserved" for n in nodes[:150]) and _value(w, nodes[150]) is None
 
 
+@pytest.mark.parametrize("broken", ["node-a's confirmation lost", "the batched put throttled"])
+def test_a_sync_that_fails_for_some_nodes_still_marks_the_others(broken: str) -> None:
+    """Given three nodes to reserve, node-a once cordoned (synced alone: its deprecated
+    attribute may be there), When one step of their sync fails (node-a's confirmation with its
+    answer lost, or the others' batched put throttled), Then every node whose own calls did not
+    fail carries ``reserved``, and only nodes whose step failed are left pending for the
+    sweep: node-a's failure, first in line, left node-b and node-c unmarked until the sweep,
+    which another scheduler beat (soak seed 6998 at 6 %)."""
+    nodes = ["node-a", "node-b", "node-c"]
+    with world() as w:
+        w.repo.tables.db.apply(Update(table="instances", key={C.INSTANCE_PK: "node-a"}, set_fields={
+            "ec2_instance_id": "i-node-a", "cordon_version": w.now[0] - 600}))
+        if broken.startswith("node-a"):
+            w.repo.fail_once("cordons.confirm_synced", "lose")
+            marked, pending = nodes, []  # its confirmation executed: only its answer was lost
+        else:
+            w.ecs.failures["put_attributes_many"] = ["refuse"]
+            marked, pending = ["node-a"], ["node-b", "node-c"]
+        assert w.service.placement.reserve("j", nodes) == "holds_changed"
+        assert [n for n in nodes if _value(w, n) == "reserved"] == marked
+        assert sorted(w.repo.cordons.worklist().pending) == pending
+
+
 def test_the_sweeps_attribute_pass_leaves_the_rest_of_a_backlog_to_the_next_sweep() -> None:
     """Given 30 free nodes to mark spare whose batched sync is refused, When the sweep's time
     runs short during its attribute pass (one node a call), Then the pass stops with time
@@ -203,3 +228,4 @@ def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its
         w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
         assert lost in at_stop, "the premise: rank 2 found by its tags and stopped"
         assert at_stop[lost] == {"node-c": "reserved"}
+
