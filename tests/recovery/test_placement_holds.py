@@ -229,3 +229,23 @@ def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its
         assert lost in at_stop, "the premise: rank 2 found by its tags and stopped"
         assert at_stop[lost] == {"node-c": "reserved"}
 
+
+def test_a_relocation_whose_launch_was_not_sent_has_its_target_reserved_before_the_sweep() -> None:
+    """Given a relocatable job on node-a and node-b, node-c free, When node-b's check says
+    replace and the relocation's launch onto node-c is not sent (StartTask throttled), Then
+    node-c carries ``reserved`` at once: chosen free, it had no attribute, and the sweep's
+    refresh a minute on came after another scheduler took it (soak seed 7010 at 6 %)."""
+    with world(relocation_wait_seconds=1800) as w:
+        w.ecs.spare_nodes = ["node-c"]
+        arns = w.register_job("j", ["node-a", "node-b"], tags={C.TAG_RELOCATABLE: "true"})
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            arns[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [check] = w.ecs.health_checks_on("node-b")
+        assert _value(w, "node-c") is None
+        w.ecs.failures["start_task"] = ["refuse"] * 3
+        w.service.on_health_check_stopped(w.health_check_stopped(check, 2))
+        moves = w.repo.faults.placement("j", 2)
+        assert {a: m["node"] for a, m in moves.items()} == {"node-b": "node-c"}, "the premise: relocated"
+        assert not [t for t in w.ecs.tasks.values() if t.node == "node-c"], "the premise: not launched"
+        assert _value(w, "node-c") == "reserved"

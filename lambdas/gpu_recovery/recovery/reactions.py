@@ -29,7 +29,8 @@ class FaultSeen:
     """A job entered recovery (a rank's stop, the heartbeat, the gang preflight, an AWS
     notice): its nodes are reserved for it at once, before its other ranks stop and free
     them (``node``: the failing rank's own, when its stop saw the fault: its end is recorded
-    after the reservation, and its registration may have missed the latch)."""
+    after the reservation, and its registration may have missed the latch). Also when a
+    relocation's launch was not sent: its targets, free when chosen, are reserved too."""
 
     job: Job
     node: str = ""
