@@ -65,6 +65,7 @@ from .world import World, build_world
 MIN = 60
 HOUR = 3600
 FAULTS = ("reboot", "dead_gpu", "app_error", "xid79")
+_INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # the sim's
 
 
 @dataclass
@@ -377,6 +378,9 @@ def _explain(local: LocalAws, sim: SimulatedEcs, repo: Repository, job_id: str,
               f"{str(entry.get('reason'))[:200]}", file=out)
     job = repo.jobs.get_job(job_id)
     instances = {r.container_inst_id for r in repo.jobs.get_ranks(job)} if job else set()
+    # and the nodes its history names (a relocation's target, a node its restart waited for)
+    known = {n.container_instance_id for n in sim.nodes.values()}
+    instances |= set(_INSTANCE_ID.findall(str(item.get("history") or ""))) & known
     nodes = {sim.node(i).name for i in instances}
     if times:
         first, last = min(times) - 600, max(times) + 600
