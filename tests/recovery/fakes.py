@@ -219,6 +219,10 @@ class FakeEcs:
         return next((self.describe_task(t.arn) for t in self.tasks.values() if t.started_by == started_by
                      and t.node == container_instance and t.last_status == "STOPPED"), None)
 
+    def unavailable(self, node: str) -> str | None:
+        """The node's placement attribute (``gpu-recovery.unavailable``): its value, or None."""
+        return self.attribute_values.get(node, {}).get(UNAVAILABLE_ATTRIBUTE)
+
     def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
         self.tag_lookups += 1
         tag = {"key": tag_key, "value": tag_value}
@@ -551,8 +555,7 @@ class World:
         real_stop = self.ecs.stop_task
 
         def stop_task(task_arn: str, reason: str) -> None:
-            seen.setdefault(task_arn, {
-                n: self.ecs.attribute_values.get(n, {}).get(UNAVAILABLE_ATTRIBUTE) for n in nodes})
+            seen.setdefault(task_arn, {n: self.ecs.unavailable(n) for n in nodes})
             real_stop(task_arn, reason)
 
         self.ecs.stop_task = stop_task  # type: ignore[method-assign]

@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from gpu_recovery import constants as C
-from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.repository.base import Update
 from tests.recovery.fakes import LostResponse, World, world
 
 
 def _value(w: World, node: str) -> str | None:
-    return w.ecs.attribute_values.get(node, {}).get(UNAVAILABLE_ATTRIBUTE)
+    return w.ecs.unavailable(node)
 
 
 def test_the_sweep_marks_the_spares_and_a_refused_put_is_finished_by_the_next_sweep() -> None:
