@@ -105,6 +105,7 @@ class SoakResult:
     failed_by_the_stack: list[str] = field(default_factory=list)  # FAILED by a decision of the stack's
     #: with ``--against RATE``: those the same seed's run at RATE did not fail (None: not compared)
     failed_beyond_baseline: list[str] | None = None
+    ended_wrong: list[str] = field(default_factory=list)  # explained on stderr (verbose)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "rate": self.rate, "jobs": self.jobs, "states": self.states,
@@ -279,7 +280,8 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
         if baseline_failed is not None:
             result.failed_beyond_baseline = [
                 j for j in result.failed_by_the_stack if j not in baseline_failed]
-        for job_id in [*explain, *(result.failed_beyond_baseline or ())]:
+        # Each job once: one that ended wrong, one asked for, one failed beyond the baseline.
+        for job_id in dict.fromkeys([*result.ended_wrong, *explain, *(result.failed_beyond_baseline or ())]):
             _explain(local, sim, repo, job_id, stack_log.lines if stack_log else [])
         return result
 
@@ -353,9 +355,7 @@ def _judge(local: LocalAws, bus: EventBus, sim: SimulatedEcs, repo: Repository, 
         for d in dead:
             print(f"dead letter: {d.rule} {d.error}", file=sys.stderr)
         bad = {j.split()[0] for j in unfinished} | set(no_mail) | set(forgotten)
-        bad |= {k.split(":")[0] for k in killed}
-        for job_id in sorted(bad):
-            _explain(local, sim, repo, job_id)
+        result.ended_wrong = sorted(bad | {k.split(":")[0] for k in killed})
     return result
 
 
