@@ -411,8 +411,8 @@ class TaskEvents:
 
     def _stop_gang(self, job: Job, reserve_for: str | None = None) -> None:
         """Dispatch the stop intent the job's reaction committed; ``reserve_for``: a dead
-        delivery's fault's node, it and the job's nodes reserved first (a job in recovery), as
-        that delivery would have before its stop freed them. Best effort: the sweep sends it
+        delivery's fault's node ("": none known), it and the job's nodes reserved first (a job
+        in recovery), as that delivery would have before its stop freed them. The sweep sends it
         again if this fails (a StopTask outage must not push this event to its DLQ)."""
         if not job.stop_fanout or job.stop_fanout.get("sent_at"):
             return
