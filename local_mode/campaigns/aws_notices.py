@@ -36,7 +36,7 @@ from gpu_recovery import constants as C
 from ..sim import aws_notices as notices
 from ..world import World
 from .moved_jobs import moved_once, one_move, relaunches, saved_once
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, run_flow, unfinished
 from .time_sharing import Rank0ControlPoller, polled_queue_job
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
@@ -85,14 +85,14 @@ def expectations(result: RunResult) -> list[str]:
         # Moved at once (a Spot warning leaves no time to be told first: its one e-mail says it
         # moved); restarted by the recovery (its recovered e-mail).
         never = ("failed", "application_error", "quarantined")
-        return problems + _node_expectations(result) + mail_problems(
-            result.mails, {**{(kind, job_id): (0, 0) for kind in never}, ("capacity_notice", job_id): (1, 2)})
+        return problems + _node_expectations(result) + result.mail_problems(
+            {**{(kind, job_id): (0, 0) for kind in never}, ("capacity_notice", job_id): (1, 2)})
     problems += moved_once(job)
     problems += one_move(job)
     problems += saved_once(result.checkpoints)
-    problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
-                                                ("failed", "application_error", "quarantined", "recovered")},
-                                             ("capacity_notice", job_id): (1, 2)})
+    problems += result.mail_problems({**{(kind, job_id): (0, 0) for kind in
+                                         ("failed", "application_error", "quarantined", "recovered")},
+                                      ("capacity_notice", job_id): (1, 2)})
     return problems + _node_expectations(result)
 
 

@@ -48,7 +48,6 @@ from .runner import (
     CampaignResult,
     Scenario,
     ecs_status,
-    mail_problems,
     run_flow,
 )
 
@@ -82,7 +81,7 @@ class RunResult(CampaignResult):
         problems = self.job_failed(lost_node=InstanceState.QUARANTINED)
         if self.ecs_status.get(LOST) != "DRAINING":
             problems.append(f"{LOST} is {self.ecs_status.get(LOST)} in ECS (want DRAINING)")
-        problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2)})
+        problems += self.mail_problems({("node_lost", JOB_ID): (1, 2)})
         return problems
 
     def job_failed(self, *, lost_node: InstanceState) -> list[str]:
@@ -127,8 +126,8 @@ class WedgedResult(RunResult):
             problems.append(f"{LOST} is still kept out of placement: {self.out_of_placement}")
         if self.fault_history:
             problems.append(f"{LOST} has {self.fault_history} fault record(s) (a missing answer is none)")
-        problems += mail_problems(self.mails, {("node_lost", JOB_ID): (1, 2),
-                                               ("validation_failed", "-"): (0, 0)})
+        problems += self.mail_problems({("node_lost", JOB_ID): (1, 2),
+                                        ("validation_failed", "-"): (0, 0)})
         others = sorted({m for m in self.mails if m[0] not in ("node_lost", "validation_failed")})
         if others:
             problems.append(f"e-mails besides the job's node_lost: {others}")

@@ -37,7 +37,7 @@ from gpu_recovery.domain.models import Job
 
 from ..sim.eager_scheduler import STARTED_BY, EagerScheduler
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, run_flow
 
 FLOWS = ("full_cluster", "placement_race")
 JOB_ID, OTHER_JOB = "placed", "victim"
@@ -116,7 +116,7 @@ class PlacementResult(CampaignResult):
                 problems.append(f"fault to every rank RUNNING: {self.fault_to_running} s (want at most 90)")
             elif self.fault_to_running is None:
                 problems.append("the job never ran again after its fault")
-        problems += mail_problems(self.mails, want_mails)
+        problems += self.mail_problems(want_mails)
         return problems
 
 

@@ -34,7 +34,7 @@ from gpu_recovery.constants import InstanceState, JobState
 
 from ..world import World
 from .heartbeats import SMALL_HEARTBEAT_INDEX, NodeAgents
-from .runner import DYNAMODB, MIN, SETTLE_SECONDS, CampaignResult, ecs_status, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, SETTLE_SECONDS, CampaignResult, ecs_status, run_flow
 from .time_sharing import Preempting, launch_problems
 
 NODES = ("node-a", "node-b", "node-c")
@@ -92,7 +92,7 @@ class RunResult(CampaignResult):
         # Her job failed by the lost node (one e-mail, at least once); bob's failed nobody.
         low_id, high_id = str(low.get("job_id")), str(high.get("job_id"))
         failures = ("failed", "application_error", "quarantined")
-        problems += mail_problems(self.mails, {
+        problems += self.mail_problems({
             ("node_lost", low_id): (1, 2), **{(kind, low_id): (0, 0) for kind in failures},
             **{(kind, high_id): (0, 0) for kind in (*failures, "node_lost")}})
         return problems

@@ -37,7 +37,7 @@ from ..preflight_programs import PreflightPrograms
 from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
 from ..world import World
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, run_flow, unfinished
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
 # The job's training once its preflight let it run: with the settling after the flow, longer
@@ -99,7 +99,7 @@ def expectations(result: RunResult) -> list[str]:
     want_learned = [f"{job_id}#{last}"] if final.get("status") == "passed" else []
     if result.learned != want_learned:
         problems.append(f"the baseline learned {result.learned} (want {want_learned})")
-    problems += mail_problems(result.mails, {
+    problems += result.mail_problems({
         **{(kind, job_id): (0, 0) for kind in ("failed", "application_error", "quarantined")},
         ("tenant_evidence_limited", job_id): (1, 2) if limited else (0, 2)})
     return problems

@@ -39,7 +39,7 @@ from ..scripts import load_client_library
 from ..server import InProcessOpener, LocalApi
 from ..world import World
 from .moved_jobs import relaunches
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, known_flow, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, known_flow, run_flow, unfinished
 
 FLOWS = ("preflight_forged_baseline", "preflight_forged_loopback", "preflight_broken_image")
 RUN_SECONDS = 4 * MIN
@@ -110,8 +110,8 @@ def _complete(result: EvidenceResult, name: str) -> list[str]:
 
 def _no_failure_mails(result: EvidenceResult, *names: str) -> list[str]:
     kinds = ("failed", "application_error", "quarantined")
-    return mail_problems(result.mails, {(kind, str((result.jobs.get(n) or {}).get("job_id"))): (0, 0)
-                                        for n in names for kind in kinds})
+    return result.mail_problems({(kind, str((result.jobs.get(n) or {}).get("job_id"))): (0, 0)
+                                 for n in names for kind in kinds})
 
 
 def _forged_baseline(result: EvidenceResult) -> list[str]:
@@ -152,7 +152,7 @@ def _forged_loopback(result: EvidenceResult) -> list[str]:
         problems.append(f"the last preflight {final.get('status')}: {final.get('verdict')} (want "
                         "held back by the job's limit of cleared suspects)")
     want = {("tenant_evidence_limited", job_id): (1, 2) if len(pinning) == 2 else (0, 0)}
-    return problems + _no_failure_mails(result, "liar") + mail_problems(result.mails, want)
+    return problems + _no_failure_mails(result, "liar") + result.mail_problems(want)
 
 
 def _broken_image(result: EvidenceResult) -> list[str]:
@@ -170,7 +170,7 @@ def _broken_image(result: EvidenceResult) -> list[str]:
     if statuses != {1: "job_fault"}:
         problems.append(f"broken's preflights {statuses} (want attempt 1's job_fault)")
     broken = str(job.get("job_id"))
-    return problems + mail_problems(result.mails, {("failed", broken): (1, 2)}) + \
+    return problems + result.mail_problems({("failed", broken): (1, 2)}) + \
         _no_failure_mails(result, "other")
 
 

@@ -82,7 +82,7 @@ from gpu_recovery.repository import Repository
 from ..sim.ecs import SimulatedEcs
 from ..world import World
 from . import goodput_truth
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, mail_problems, run_flow
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, run_flow
 
 JOB_ID = "campaign"
 FAULTY, HEALTHY, SPARE = "node-b", "node-a", "node-c"
@@ -236,7 +236,7 @@ def expectations(result: RunResult) -> list[str]:
             problems.append(f"the breaker was closed by {closed_by!r} (want {want_by!r})")
     if result.instance_states != want_states:
         problems.append(f"instances {result.instance_states} (want {want_states})")
-    problems += mail_problems(result.mails, expected_mails("gpu_fault" if past_window else flow))
+    problems += result.mail_problems(expected_mails("gpu_fault" if past_window else flow))
     # The goodput ledger against the training's truth (issue 52): unbroken, with one call
     # broken, and with 1 % of calls failing.
     problems += goodput_truth.problems(result.facts.get("goodput") or {})

@@ -33,7 +33,7 @@ from gpu_recovery.repository.time_sharing import QuotaRepository
 from ..sim.ecs import SimulatedEcs
 from ..world import World
 from .moved_jobs import moved_once, ran_on, relaunches, saved_once
-from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, R, Scenario, run_flow, unfinished
 
 NODES = ("node-a", "node-b")
 POLL_SECONDS = 10
@@ -73,8 +73,8 @@ def expectations(result: RunResult) -> list[str]:
         problems.append(f"tasks of an earlier attempt not stopped by the stack: {result.left_running}")
     # A preemption fails nobody: no job-failure e-mail may be sent.
     jobs = [str(j.get("job_id")) for j in (low, high)]
-    problems += mail_problems(result.mails, {(kind, job): (0, 0) for job in jobs
-                                             for kind in ("failed", "application_error", "quarantined")})
+    problems += result.mail_problems({(kind, job): (0, 0) for job in jobs
+                                      for kind in ("failed", "application_error", "quarantined")})
     return problems
 
 

@@ -28,7 +28,7 @@ from gpu_recovery import constants as C
 
 from ..world import World
 from .moved_jobs import moved_once, one_move, relaunches, saved_once
-from .runner import DYNAMODB, MIN, CampaignResult, Scenario, mail_problems, run_flow, unfinished
+from .runner import DYNAMODB, MIN, CampaignResult, Scenario, run_flow, unfinished
 from .time_sharing import Rank0ControlPoller, polled_queue_job
 
 NODES = ("node-a", "node-b", "node-c")
@@ -73,9 +73,9 @@ def expectations(result: RunResult) -> list[str]:
                         f"{node.get('cordon')}, warning {node.get('warning')}")
     problems += saved_once(result.checkpoints)
     job_id = str(job.get("job_id"))
-    problems += mail_problems(result.mails, {**{(kind, job_id): (0, 0) for kind in
-                                                ("failed", "application_error", "quarantined", "recovered")},
-                                             ("gpu_warning", job_id): (1, 2)})
+    problems += result.mail_problems({**{(kind, job_id): (0, 0) for kind in
+                                         ("failed", "application_error", "quarantined", "recovered")},
+                                      ("gpu_warning", job_id): (1, 2)})
     return problems
 
 

@@ -52,3 +52,14 @@ def test_a_stop_whose_first_delivery_wrote_the_rank_s_end_but_not_its_count_is_r
         result = RUNS["large"](None)
     assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
     assert result.problems() == [], result.broken
+
+
+def test_a_notice_whose_confirmation_is_lost_twice_is_one_e_mail_sent_three_times() -> None:
+    """app_error with 6 % of its calls failing, seed 916: the recovered notice's Publish loses
+    its answer twice in a row, so the e-mail goes out three times (at least once: each lost
+    answer sends it again). All three carry one notice id: the run's e-mail bound counts one."""
+    with calls_failing(0.06, 916):
+        result = recovery.run("app_error")
+    assert result.mails.count(("recovered", recovery.JOB_ID)) == 3, result.broken
+    assert result.resent.count(("recovered", recovery.JOB_ID)) == 2
+    assert result.problems() == [], result.broken
