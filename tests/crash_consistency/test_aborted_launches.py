@@ -26,8 +26,8 @@ import pytest
 from gpu_recovery import clock
 from gpu_recovery.constants import LAUNCH_LEASE_SECONDS
 from gpu_recovery.domain.launch_plan import StartCall
-from gpu_recovery.recovery.gang import group_started_by
 from gpu_recovery.recovery.queue_launches import QueueLaunches
+from gpu_recovery.recovery.ranks import group_started_by
 from local_mode.campaigns import time_sharing
 from local_mode.campaigns.recovery import run_recovery
 from local_mode.campaigns.runner import broken_after, then_breaking

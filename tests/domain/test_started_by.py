@@ -11,11 +11,10 @@ import pytest
 from gpu_recovery.domain import started_by
 from gpu_recovery.domain.launch_plan import StartCall
 from gpu_recovery.domain.validation import started_by as validation_started_by
-from gpu_recovery.recovery.gang import group_started_by
 from gpu_recovery.recovery.gpu_resets import gpu_reset_started_by
 from gpu_recovery.recovery.health_checks import group_started_by as check_group_started_by
 from gpu_recovery.recovery.health_checks import health_check_started_by
-from gpu_recovery.recovery.ranks import restart_started_by
+from gpu_recovery.recovery.ranks import group_started_by, restart_started_by
 
 NODE = SimpleNamespace(container_inst_id="abc", reboot_requested_at=1.5, hc_requested_at=1.5,
                        check=SimpleNamespace(attempts=0))

@@ -69,7 +69,7 @@ from gpu_recovery.recovery.ports import (
     Outcome,
     after_commit,
 )
-from gpu_recovery.recovery.reactions import FaultSeen, Reactions
+from gpu_recovery.recovery.reactions import Reactions, reserved_first
 from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsJob, ReadsNode, ReadsNodeItems
 from gpu_recovery.repository.aws_notices import AwsNoticeRepository
 from gpu_recovery.settings import Settings
@@ -377,10 +377,11 @@ class AwsNotices:
             self.metrics.add_metric("NoticeJobsStopped", "Count", 1)
             logger.warning("job with no control channel stopped before AWS takes its node", extra={
                 "job_id": job_id, "instance": inst_id, "deadline": iso(deadline)})
-        if moved or unsent:  # unsent, not moved here: an earlier try died before its reservation
-            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
+        # Unsent, not moved here: an earlier try died before its reservation. Not reserved: the
+        # gang's stop waits (this node's rank is stopped already), sent by the retry or the sweep.
+        reserved = not (moved or unsent) or reserved_first(self.reactions, job)
         if unsent and self.stop_gang is not None:
-            return moved, bool(self.stop_gang(job))
+            return moved, reserved and bool(self.stop_gang(job))
         return moved, True
 
     def _rearm(self, inst_id: str, record: dict[str, Any], live: Sequence[Rank], now: float, *,

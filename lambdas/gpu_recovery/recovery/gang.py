@@ -57,7 +57,6 @@ from gpu_recovery.constants import (
     TAG_RANKS,
     system_stop_reason,
 )
-from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.gang_batches import (
     START,
     STOP,
@@ -78,8 +77,14 @@ from gpu_recovery.recovery.fanout_send import send_once
 from gpu_recovery.recovery.lost_stop_events import ended_uncounted, handle_stopped
 from gpu_recovery.recovery.ports import EcsPort, MetricsPort
 from gpu_recovery.recovery.rank_templates import RankTemplates, RestartTemplates
-from gpu_recovery.recovery.ranks import RankOperations, restart_started_by
-from gpu_recovery.recovery.reactions import RankNotPlaced, RanksStarted, Reactions, StoppedEventLost
+from gpu_recovery.recovery.ranks import RankOperations, group_started_by
+from gpu_recovery.recovery.reactions import (
+    RankNotPlaced,
+    RanksStarted,
+    Reactions,
+    StoppedEventLost,
+    stop_may_go,
+)
 from gpu_recovery.recovery.task_starts import TaskRequest, start_once
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.gang_fanouts import GangFanoutRepository
@@ -135,13 +140,6 @@ def is_launch_of(job: Job, attempt: int) -> bool:
     """The job's start intent is the queue launch of ``attempt``."""
     return bool(job.start_fanout) and intent_kind(job.start_fanout) == LAUNCH \
         and int(job.start_fanout.get("attempt") or 0) == attempt
-
-
-def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
-    """Deterministic per attempt and call (``domain.started_by``)."""
-    if not call.grouped:
-        return restart_started_by(job_id, attempt, call.key)
-    return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
 class GangData(Protocol):
@@ -249,8 +247,9 @@ class GangOps:
                 or self._aborted_launch_stopped(job, attempt, now):
             self.fanouts.end_stop(job, attempt)
             return "stopped"
-        if not intent.get("sent_at"):
-            return "stop_sent" if self.stop(job, resend=True) else "stop_pending"
+        if not intent.get("sent_at"):  # a job in recovery's nodes reserved first (``stop_may_go``)
+            sent = stop_may_go(self.reactions, job, now) and self.stop(job, resend=True)
+            return "stop_sent" if sent else "stop_pending"
         rounds = int(intent.get("rounds") or 0)
         if rounds >= MAX_STOP_ROUNDS:
             # Given up: a terminal job's intent ends; so does an aborted launch's (its job queued

@@ -42,7 +42,7 @@ from gpu_recovery.domain import started_by as task_started_by
 from gpu_recovery.domain.gang_batches import GangQueuePort
 from gpu_recovery.domain.job_budgets import MAX_BUDGET
 from gpu_recovery.domain.latch import Latch
-from gpu_recovery.domain.launch_plan import parse_ranks_tag
+from gpu_recovery.domain.launch_plan import StartCall, parse_ranks_tag
 from gpu_recovery.domain.models import Instance, Job, Rank, container_instance_id, task_time
 from gpu_recovery.domain.notifications import NotificationFacts
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES, JobState, RankState
@@ -233,6 +233,14 @@ def _budget_tag(values: dict[Any, Any], key: str) -> int | None:
 def restart_started_by(job_id: str, attempt: int, rank: int) -> str:
     """Deterministic per attempt and rank (``domain.started_by``): finds duplicates."""
     return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"r{rank}", digest=10)
+
+
+def group_started_by(job_id: str, attempt: int, call: StartCall) -> str:
+    """A restart's StartTask of identical ranks (``domain.launch_plan``): deterministic per
+    attempt and call; a call of one rank is that rank's own."""
+    if not call.grouped:
+        return restart_started_by(job_id, attempt, call.key)
+    return task_started_by.rank_launch(task_started_by.RESTART, job_id, attempt, f"g{call.key}", digest=10)
 
 
 def tags_for_attempt(tags: list[dict[str, str]], attempt: int) -> list[dict[str, str]]:

@@ -49,7 +49,7 @@ from gpu_recovery.recovery.goodput_metrics import ended
 from gpu_recovery.recovery.notices import Notices
 from gpu_recovery.recovery.ports import MetricsPort, Outcome, after_commit
 from gpu_recovery.recovery.ranks import LookupQueued, RankOperations
-from gpu_recovery.recovery.reactions import FaultSeen, Reactions, TaskStopped
+from gpu_recovery.recovery.reactions import Reactions, TaskStopped, reserved_first
 from gpu_recovery.recovery.remediation.job_settlement import JobSettlement, budgets_of
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.remediation.notices import details_of
@@ -379,10 +379,9 @@ class TaskEvents:
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
-        if reaction in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART) and not redelivered:
-            after_commit("reserve the job's nodes", self.reactions.emit,  # before the stops free them
-                         FaultSeen(fresh, rank.container_inst_id))
-        if reaction in _STOPPING_REACTIONS and not redelivered:
+        if reaction in _STOPPING_REACTIONS and not redelivered and (
+                reaction not in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART)
+                or reserved_first(self.reactions, fresh, rank.container_inst_id)):
             self._stop_gang(fresh)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
                                  suspect=reaction in _SUSPECT_REACTIONS,
@@ -416,8 +415,9 @@ class TaskEvents:
         again if this fails (a StopTask outage must not push this event to its DLQ)."""
         if not job.stop_fanout or job.stop_fanout.get("sent_at"):
             return
-        if reserve_for is not None and job.state in RECOVERING_JOB_STATES:
-            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job, reserve_for))
+        if reserve_for is not None and job.state in RECOVERING_JOB_STATES \
+                and not reserved_first(self.reactions, job, reserve_for):
+            return
         try:
             self.gang.stop(job)
         except Exception:
@@ -563,15 +563,14 @@ class TaskEvents:
         # nothing calls this again (the heartbeat moved the rank in its own write), so a death
         # after either still has it counted. Not for a job that does not enter (revived, moved
         # on): a later fault of the attempt would count a suspect whose check nobody asks for.
-        counted, entered = job.state is JobState.PENDING_HEALTHCHECK, None
+        counted, entered, reserved = job.state is JobState.PENDING_HEALTHCHECK, False, True
         if counted:
             repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         elif self._enter_recovery(job, reason, None, from_states=states, also=[
                 repo.latches.suspect_arrival(job_id, attempt, failing_rank or 0, inst_id)]):
-            counted = True
-            entered = repo.jobs.get_job(job_id)
-            if entered is not None:
-                after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(entered, inst_id))
+            counted = entered = True
+            fresh = repo.jobs.get_job(job_id)
+            reserved = fresh is None or reserved_first(self.reactions, fresh, inst_id)
         job = repo.jobs.get_job(job_id)
         if job is None or job.state is not JobState.PENDING_HEALTHCHECK or job.attempt != attempt:
             state = job.state.value if job else "missing"
@@ -579,7 +578,8 @@ class TaskEvents:
         if not counted:  # another fault of the attempt entered recovery first
             repo.latches.arrive(job_id, attempt, job.world_size, failing_rank or 0, [], suspect_node=inst_id)
         checks = {inst_id: self.suspects.request_check(job, inst_id)}
-        self._stop_gang(job, reserve_for=None if entered else inst_id)
+        if reserved:  # else the sweep sends the stop, the nodes reserved first
+            self._stop_gang(job, reserve_for=None if entered else inst_id)
         return Outcome("health_check_requested", job_id,
                        {"rank": failing_rank, "instance": inst_id, "health_checks": checks})
 

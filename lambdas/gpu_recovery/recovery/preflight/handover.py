@@ -53,8 +53,8 @@ from gpu_recovery.domain.fault_vocabulary import Trigger
 from gpu_recovery.domain.models import Job, Suspect
 from gpu_recovery.domain.states import ACTIVE_JOB_STATES, RECOVERING_JOB_STATES, JobState
 from gpu_recovery.recovery.gang import GangOps
-from gpu_recovery.recovery.ports import MetricsPort, after_commit
-from gpu_recovery.recovery.reactions import FaultSeen, Reactions
+from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.recovery.reactions import Reactions, reserved_first
 from gpu_recovery.recovery.remediation.node_decision import NodeRemediation
 from gpu_recovery.recovery.stage_data import HasJobs, ReadsJob
 from gpu_recovery.repository.faults import FaultRepository
@@ -133,10 +133,10 @@ class PreflightHandover:
             for rank, node in named:
                 repo.latches.arrive(job_id, attempt, job.world_size, rank, [], suspect_node=node)
         fresh = repo.jobs.get_job(job_id)
-        if fresh is not None and fresh.attempt == attempt and fresh.state in RECOVERING_JOB_STATES:
-            # First the job's nodes reserved for it (before its ranks stop and free them).
-            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(fresh))
-        if fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
+        # First the job's nodes reserved for it (before its ranks stop and free them).
+        reserved = fresh is None or fresh.attempt != attempt or fresh.state not in RECOVERING_JOB_STATES \
+            or reserved_first(self.reactions, fresh)
+        if reserved and fresh is not None and fresh.attempt == attempt and fresh.stop_fanout \
                 and not fresh.stop_fanout.get("sent_at"):
             try:
                 # Its role lists no tasks: a rank never registered leaves the stop to the sweep.
