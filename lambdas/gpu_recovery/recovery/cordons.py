@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from gpu_recovery import clock
@@ -27,6 +28,7 @@ from gpu_recovery.constants import NotificationKind
 from gpu_recovery.domain import cordon as policy
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.breaker.gate import NodeActionGate
 from gpu_recovery.recovery.notices import Notices, Owed
 from gpu_recovery.recovery.ports import MetricsPort
@@ -270,8 +272,8 @@ class Cordons:
             if short_of_time is not None and short_of_time():
                 done["sync_deferred"] = done.get("sync_deferred", 0) + 1
                 continue
-            try:
-                action = self.sync(node, members, read)
+            try:  # tried again at once: a node freed unmarked can be taken within the minute
+                action = twice(partial(self.sync, node, members, read))
             except Exception:
                 logger.exception("cordon sync failed", extra={"instance": node})
                 action = "cordon_sync_failed"
