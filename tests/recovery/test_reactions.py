@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from botocore.exceptions import ClientError
 
-from gpu_recovery.recovery.reactions import JobLeftNode, Reactions, ReservationsReleased, on
+from gpu_recovery.adapters.ecs_budget import RateLimited
+from gpu_recovery.domain.models import Job
+from gpu_recovery.domain.states import JobState
+from gpu_recovery.recovery.reactions import (
+    FaultSeen,
+    JobLeftNode,
+    Reactions,
+    ReservationsReleased,
+    on,
+    reserved_first,
+)
 
 
 def test_an_event_reaches_the_handler_its_kind_is_declared_with_and_its_answer_comes_back() -> None:
@@ -54,3 +65,25 @@ def test_the_service_declares_a_handler_for_every_event_a_stage_emits() -> None:
              if dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__ and obj is not Reactions}
     declared = {kind for kind, _ in RecoveryService._reactions(object.__new__(RecoveryService))}
     assert kinds == declared
+
+
+@pytest.mark.parametrize(("raised", "reserved"), [
+    (None, True),
+    (RateLimited(2.0), True),  # the ECS budget paced a large job's puts: the holds are committed
+    (ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "PutAttributes"),
+     False),
+])
+def test_a_stop_waits_only_for_a_reservation_that_failed(raised: Exception | None, reserved: bool) -> None:
+    """Given a fault's reservation (``FaultSeen``) that succeeds, is paced by the ECS budget, or
+    fails (a throttled put), When ``reserved_first`` asks for it, Then only the failure holds
+    the stop back for the sweep; a table without the reaction (a unit test's) holds nothing."""
+    def reserve(event: FaultSeen) -> str:
+        if raised is not None:
+            raise raised
+        return "holds_changed"
+
+    reactions = Reactions()
+    reactions.declare([on(FaultSeen, reserve)])
+    job = Job(job_id="job-1", state=JobState.PENDING_HEALTHCHECK, world_size=2)
+    assert reserved_first(reactions, job, "node-a") is reserved
+    assert reserved_first(Reactions(), job) is True

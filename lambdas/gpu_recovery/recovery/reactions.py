@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpu_recovery.adapters.ecs_budget import RateLimited
 from gpu_recovery.domain.models import Instance, Job, Rank
 from gpu_recovery.domain.rank_template import RankTemplate
 from gpu_recovery.domain.states import RECOVERING_JOB_STATES
@@ -192,6 +193,10 @@ def reserved_first(reactions: Reactions, job: Job, node: str = "") -> bool:
     7067 at 6 % of calls failing: the sweep's own refresh failed too)."""
     try:
         reactions.emit(FaultSeen(job, node))
+    except RateLimited:
+        # The ECS budget paced the attributes' puts (a large job's nodes, 10 a call): the
+        # holds are committed and the sweep goes on with the puts; the stop is not held for that.
+        return True
     except Exception:
         logger.warning("the job's nodes not reserved: its stop waits for the sweep", exc_info=True,
                        extra={"job_id": job.job_id})
