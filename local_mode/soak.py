@@ -50,6 +50,7 @@ from typing import Any
 
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
+from gpu_recovery.domain.escalation import EscalationPolicy
 from gpu_recovery.domain.models import Job
 from gpu_recovery.domain.placement import UNAVAILABLE_ATTRIBUTE
 from gpu_recovery.repository import Repository
@@ -105,6 +106,10 @@ class SoakResult:
     failed_by_the_stack: list[str] = field(default_factory=list)  # FAILED by a decision of the stack's
     #: with ``--against RATE``: those the same seed's run at RATE did not fail (None: not compared)
     failed_beyond_baseline: list[str] | None = None
+    #: of the jobs failed beyond the baseline, those whose node the soak itself gave more
+    #: reboot-fixable faults than the escalation's limit: replacing it was the policy, not a
+    #: defect (the baseline placed the faults elsewhere); listed, not explained
+    failed_by_repeat_faults: list[str] = field(default_factory=list)
     ended_wrong: list[str] = field(default_factory=list)  # explained on stderr (verbose)
 
     def as_dict(self) -> dict[str, Any]:
@@ -116,7 +121,8 @@ class SoakResult:
                 "killed_by_a_reboot": self.killed_by_a_reboot,
                 "failed_by_the_stack": len(self.failed_by_the_stack),
                 **({} if self.failed_beyond_baseline is None
-                   else {"failed_beyond_baseline": self.failed_beyond_baseline})}
+                   else {"failed_beyond_baseline": self.failed_beyond_baseline,
+                         "failed_by_repeat_faults": self.failed_by_repeat_faults})}
 
 
 @contextmanager
@@ -278,8 +284,9 @@ def run_soak(*, seed: int = 1, nodes: int = 16, jobs: int = 40, hours: float = 9
         result = _judge(local, bus, sim, repo, planned, seed, rate, calls, broken, forgotten, verbose)
         result.redriven = len(redriven)
         if baseline_failed is not None:
-            result.failed_beyond_baseline = [
-                j for j in result.failed_by_the_stack if j not in baseline_failed]
+            beyond = [j for j in result.failed_by_the_stack if j not in baseline_failed]
+            result.failed_by_repeat_faults = [j for j in beyond if _failed_by_repeat_faults(repo, sim, j)]
+            result.failed_beyond_baseline = [j for j in beyond if j not in result.failed_by_repeat_faults]
         # Each job once: one that ended wrong, one asked for, one failed beyond the baseline.
         for job_id in dict.fromkeys([*result.ended_wrong, *explain, *(result.failed_beyond_baseline or ())]):
             _explain(local, sim, repo, job_id, stack_log.lines if stack_log else [])
@@ -297,6 +304,27 @@ def _failed_on_its_own(last_error: str) -> bool:
     """Failed by a rank's own exit with a code that is not a suspected GPU fault: the job's
     own failure, which the stack does not recover nor e-mail about (docs/recovery-loop.md)."""
     return bool(re.match(r"rank \d+ failed: exit code \d+", last_error or ""))
+
+
+_CANNOT_FIX = re.compile(r"(\S+) has a GPU fault a reboot cannot fix")
+
+
+def _failed_by_repeat_faults(repo: Repository, sim: SimulatedEcs, job_id: str) -> bool:
+    """Failed because its node needed replacing, after the soak itself had given that node
+    more reboot-fixable faults within the reboot window than the escalation allows reboots
+    for (``domain.escalation``: a reboot does not fix it): the policy working, not a defect."""
+    item = repo.jobs.get_job_item(job_id) or {}
+    found = _CANNOT_FIX.match(str(item.get("last_error") or ""))
+    if found is None or not item.get("history"):
+        return False
+    names = [n.name for n in sim.nodes.values() if n.container_instance_id == found[1]]
+    policy = EscalationPolicy()
+    until = max(float(entry["at"]) for entry in item["history"])
+    injected = [e for e in sim.timeline
+                if e.kind == "fault" and names and e.text.split()[0] == names[0]
+                and "health: reboot_fixable)" in e.text
+                and until - policy.reboot_window_seconds <= e.time <= until]
+    return len(injected) > policy.reboots_before_replace
 
 
 def _terminal(repo: Repository, job_id: str) -> bool:

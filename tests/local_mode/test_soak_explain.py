@@ -55,3 +55,35 @@ def test_a_job_the_stack_failed_beyond_the_baseline_is_listed_and_explained(
         assert result.failed_beyond_baseline == ["soak-000"]
         assert explained.startswith("=== soak-000: FAILED") and "  log " in explained
         assert result.as_dict()["failed_beyond_baseline"] == ["soak-000"]
+
+
+class _Jobs:
+    """The one read ``_failed_by_repeat_faults`` makes of the jobs table."""
+
+    def __init__(self, item: dict[str, object]) -> None:
+        self.item = item
+
+    def get_job_item(self, job_id: str) -> dict[str, object]:
+        return self.item
+
+
+@pytest.mark.parametrize(("faults", "error", "by_repeats"), [
+    (3, "has a GPU fault a reboot cannot fix (catalog rule 'dcgm-verdict-reboot')", True),
+    (2, "has a GPU fault a reboot cannot fix (catalog rule 'dcgm-verdict-reboot')", False),
+    (3, "restart failed: no healthy nodes", False),
+])
+def test_a_job_failed_beyond_the_baseline_by_its_nodes_repeat_faults_is_told_apart(
+        faults: int, error: str, by_repeats: bool) -> None:
+    """Given a node the soak gave ``faults`` reboot-fixable GPU faults (the escalation allows 2
+    reboots for one cause, then replaces), When a job failed on it with ``error``, Then it is a
+    failure by repeat faults (the policy, not a lead) only for a third fault and a node to
+    replace."""
+    with soak._world(2, "memory") as world:
+        sim = world.ecs
+        node = sorted(sim.nodes.values(), key=lambda n: n.name)[0]
+        for i in range(faults):
+            sim.inject_gpu_fault(node.name, after=60 + 600 * i, health="reboot_fixable")
+        sim.run_for(60 + 600 * faults)
+        item = {"last_error": f"{node.container_instance_id} {error}", "history": [{"at": sim.now()}]}
+        repo = type("Repo", (), {"jobs": _Jobs(item)})()
+        assert soak._failed_by_repeat_faults(repo, sim, "soak-000") is by_repeats  # type: ignore[arg-type]
