@@ -313,3 +313,53 @@ def test_a_sweep_whose_sync_of_a_node_fails_is_tried_again_at_once_and_marks_it_
         w.service.sweep()
         assert not w.ecs.failures["put_attributes"], "the premise: the node's own put refused once"
         assert _value(w, "n-1") == "spare" and w.repo.cordons.worklist().pending == {}
+
+
+def test_a_node_two_recoveries_hold_stays_with_the_recovery_that_reserved_it_first() -> None:
+    """Given job a in recovery on node-a and node-b (node-b's rank failed, both nodes reserved
+    for a, node-a's rank stopped), and job b's rank on node-a (a user's scheduler placed it in
+    the second before node-a's attribute was put: soak seeds 7201 and 7204 at 10 %), When b's
+    rank fails and b's check is in first, Then node-a stays reserved for a (b's reservation
+    does not take it over) and b's restart does not start its rank there: it waits, naming a's
+    recovery; a's restart, its verdict in, takes node-a."""
+    with world(max_app_restarts=1) as w:
+        a = w.register_job("a", ["node-a", "node-b"])
+        w.service.on_task_state_change(w.task_stopped(a[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            a[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        assert {n: h.get("job") for n, h in w.repo.cordons.worklist().holds.items()} == {
+            "node-a": "a", "node-b": "a"}, "the premise: a's nodes reserved"
+        [b] = w.register_job("b", ["node-a"])
+        w.service.on_task_state_change(w.task_stopped(b, exit_code=1))
+        assert w.repo.cordons.worklist().holds["node-a"].get("job") == "a"
+        [check_b] = w.ecs.health_checks_on("node-a")
+        w.service.on_health_check_stopped(w.health_check_stopped(check_b, 0))
+        job_b = w.repo.jobs.get_job("b")
+        assert job_b.state is C.JobState.PENDING_RESTART, job_b.state
+        assert job_b.restart_wait is not None and "reserved for the recovery of job a" in str(job_b.restart_wait)
+        assert not [t for t in w.ecs.tasks.values() if t.node == "node-a" and t.started_by.startswith("gpurec")
+                    and "b" in t.started_by], "b started a rank on a's node"
+        [check_a] = w.ecs.health_checks_on("node-b")
+        w.service.on_health_check_stopped(w.health_check_stopped(check_a, 0))
+        job_a = w.repo.jobs.get_job("a")
+        assert job_a.state in (C.JobState.STARTING, C.JobState.RUNNING), job_a.state
+        assert {t.node for t in w.ecs.tasks.values() if t.last_status == "RUNNING"
+                and t.group != C.HEALTH_CHECK_GROUP} >= {"node-a", "node-b"}
+
+
+def test_a_relocatable_job_on_a_node_another_recovery_reserved_first_moves_off_it() -> None:
+    """Given the same two recoveries, b relocatable and node-c free, When b's check is in
+    first, Then b's restart moves its rank to node-c, not onto a's node-a."""
+    with world(max_app_restarts=1, relocation_wait_seconds=1800) as w:
+        w.ecs.spare_nodes = ["node-c"]
+        a = w.register_job("a", ["node-a", "node-b"])
+        w.service.on_task_state_change(w.task_stopped(a[1], exit_code=1))
+        w.service.on_task_state_change(w.task_stopped(
+            a[0], exit_code=143, stop_code="UserInitiated", reason="gpu-recovery: suspected GPU fault"))
+        [b] = w.register_job("b", ["node-a"], tags={C.TAG_RELOCATABLE: "true"})
+        w.service.on_task_state_change(w.task_stopped(b, exit_code=1))
+        [check_b] = w.ecs.health_checks_on("node-a")
+        w.service.on_health_check_stopped(w.health_check_stopped(check_b, 0))
+        moves = w.repo.faults.placement("b", 2)
+        assert {n: m["node"] for n, m in moves.items()} == {"node-a": "node-c"}
+        assert "reserved for the recovery of job a" in str(w.repo.jobs.get_job_item("b"))

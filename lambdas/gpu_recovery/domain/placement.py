@@ -282,3 +282,12 @@ def next_spares_of(holds: Mapping[str, Mapping[str, Any]]) -> set[str]:
 
 def reserved_of(holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     return {n: str(h.get("job") or "") for n, h in holds.items() if h.get("why") == RESERVED}
+
+
+def reserved_for_another(hold: Mapping[str, Any] | None, job_id: str) -> str:
+    """The job in recovery ``hold`` reserves its node for, if not ``job_id`` ("": none). A
+    node is reserved for the recovery that held it first: the stack's own placements (another
+    job's reservation or restart) leave it to that job until its restart releases it."""
+    hold = hold or {}
+    other = str(hold.get("job") or "") if hold.get("why") == RESERVED else ""
+    return other if other != job_id else ""

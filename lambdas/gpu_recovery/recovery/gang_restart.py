@@ -51,7 +51,6 @@ from gpu_recovery.domain.remediation_plan import RemediationPolicy
 from gpu_recovery.domain.restart_wait import is_placement_race
 from gpu_recovery.domain.states import (
     FATAL_SUSPECT_VERDICTS,
-    UNUSABLE_INSTANCE_STATES,
     JobState,
     SuspectVerdict,
 )
@@ -138,9 +137,10 @@ class GangRestart:
             # the job moves), every verdict of the fault in.
             return Outcome("waiting", job_id, {"ranks_ended": tally.ranks_ended,
                                                "pending_verdicts": tally.pending})
-        # Nodes of the job another fault made unusable meanwhile (read once per restart:
-        # the job's nodes from its latch shards, then their instance items).
-        elsewhere = self._unusable_nodes(job)
+        # Nodes of the job another fault made unusable meanwhile, and those another job's
+        # recovery held first (read once per restart: the job's nodes from its latch shards,
+        # then their instance items with their holds).
+        elsewhere, reserved = self.nodes.unusable_and_reserved(job)
         relocatable = job.relocatable
         if not relocatable:
             # A node's reboot held back by the breaker: the job waits (HELD), not fails.
@@ -155,7 +155,7 @@ class GangRestart:
             return Outcome("restart_failed", job_id, {"unusable": elsewhere or tally.fatal})
         wait_reboot = tally.rebooting > 0
         if relocatable and (unusable or (wait_reboot and self._moves_off_reboots())):
-            moved = self._relocate(job, unusable, elsewhere)
+            moved = self._relocate(job, unusable, elsewhere, reserved=reserved)
             if moved is not None:
                 return moved
         if wait_reboot:
@@ -168,6 +168,7 @@ class GangRestart:
         gpus: dict[str, int] = {}
         if not blocked:
             blocked, gpus = self.waits.look(job)
+        blocked = {**reserved, **blocked}  # not the stack's to start a rank on either
         if blocked:
             if relocatable:
                 moved = self._relocate(job, True, sorted(set(elsewhere) | set(blocked)), blocked)
@@ -200,16 +201,13 @@ class GangRestart:
         return Outcome("restarting" if sent else "restarted_partly", job.job_id, {"attempt": job.attempt})
 
     # --------------------------------------------------------------- relocation
-    def _unusable_nodes(self, job: Job) -> list[str]:
-        nodes = self.data.latches.job_nodes(job.job_id, job.attempt, job.world_size)
-        instances = self.data.instances.get_instances(nodes) if nodes else {}
-        return sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
-
     def _relocate(self, job: Job, unusable: bool, elsewhere: list[str] | None = None,
-                  blocked: Mapping[str, str] | None = None) -> Outcome | None:
+                  blocked: Mapping[str, str] | None = None, *,
+                  reserved: Mapping[str, str] | None = None) -> Outcome | None:
         """Move the job off its unusable (and, with relocate_instead_of_wait, rebooting)
-        nodes, and off those it cannot use now (``blocked``: busy, agent away, gone). None:
-        nothing to move now (wait for the reboot as usual)."""
+        nodes, and off those it cannot use now (``blocked``: busy, agent away, gone; a node
+        it keeps ``reserved`` for another job's recovery is left too). None: nothing to move
+        now (wait for the reboot as usual)."""
         suspects = self.data.faults.suspects(job.job_id, job.attempt)
         blocked = dict(blocked or {})
         fatal = sorted({s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS}
@@ -226,6 +224,8 @@ class GangRestart:
             found = self.nodes.free_for(job, leaving)
             # The nodes it keeps must take their ranks now too: a busy one is left as well.
             kept = self.waits.blocked(job, leaving=leaving) if found.targets is not None else {}
+            if found.targets is not None:
+                kept.update({n: why for n, why in (reserved or {}).items() if n not in leaving})
             if kept:
                 blocked.update(kept)
                 leaving = sorted(set(leaving) | set(kept))
@@ -360,7 +360,8 @@ class GangRestart:
             if not pending:
                 return Outcome("waiting", job.job_id, {"why": "no verdict pending"})
             decided = sorted(s.node for s in suspects if s.verdict in FATAL_SUSPECT_VERDICTS or s.rebooting)
-            leaving = sorted(set(pending) | set(decided) | set(self._unusable_nodes(job)))
+            unusable, reserved = self.nodes.unusable_and_reserved(job)
+            leaving = sorted(set(pending) | set(decided) | set(unusable) | set(reserved))
             try:
                 targets = self.nodes.free_for(job, leaving).targets
             except (ClientError, BotoCoreError) as error:

@@ -189,7 +189,9 @@ class PlacementHolds:
         changes: dict[str, Mapping[str, Any] | None] = {}
         for node in nodes:
             hold = read.holds.get(node) or {}
-            if not (hold.get(placement.LENT) or hold.get("job") == job.job_id):
+            # A node another recovery reserved first stays its own (``reserved_for_another``).
+            if not (hold.get(placement.LENT) or hold.get("job") == job.job_id
+                    or placement.reserved_for_another(hold, job.job_id)):
                 changes[node] = _reserved(job.job_id, hold)
         if not changes:
             unsynced = [n for n in nodes if read.pending.get(n)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Job, Rank, container_instance_id
 from gpu_recovery.domain.relocation import RelocationWait, SpareNode, choose_targets, reserve_for_waits
-from gpu_recovery.domain.states import JobState
+from gpu_recovery.domain.states import UNUSABLE_INSTANCE_STATES, JobState
 from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.ports import ListsContainerInstances
 from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances
@@ -48,10 +48,11 @@ class Held:
 
     def with_reserved(self, holds: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
         """node -> job: the recovering jobs' nodes, and what is reserved for them already
-        (the target a relocation chose when its fault was seen stays its own)."""
+        (the target a relocation chose when its fault was seen stays its own; a node two
+        recoveries hold stays the one's that reserved it first)."""
         kept = {n: str(h.get("job")) for n, h in holds.items()
                 if h.get("why") == placement.RESERVED and h.get("job") in self.jobs}
-        return {**kept, **self.nodes}
+        return {**self.nodes, **kept}
 
 
 @dataclass
@@ -101,6 +102,19 @@ class RestartNodes:
             nodes.update(m.get("node", "") for m in faults.placement(job.job_id, job.attempt).values())
         nodes.discard("")
         return nodes
+
+    def unusable_and_reserved(self, job: Job) -> tuple[list[str], dict[str, str]]:
+        """The nodes of ``job``'s attempt another fault made unusable, and those reserved for
+        another job's recovery (node -> why: a user's scheduler placed a rank of this job on a
+        node freed before its reservation's attribute was put; the recovery that held it first
+        keeps it): the latch shards, then the nodes' items with their holds (one BatchGetItem)."""
+        nodes = self.data.latches.job_nodes(job.job_id, job.attempt, job.world_size)
+        if not nodes:
+            return [], {}
+        instances, holds = self.data.cordons.instances_and_holds(nodes)
+        unusable = sorted(i for i, inst in instances.items() if inst.state in UNUSABLE_INSTANCE_STATES)
+        others = {n: placement.reserved_for_another(h, job.job_id) for n, h in holds.items()}
+        return unusable, {n: f"reserved for the recovery of job {o}" for n, o in others.items() if o}
 
     def held(self, except_job: str = "", *, launches: bool = False,
              deadline_items: Sequence[Mapping[str, Any]] | None = None) -> Held:

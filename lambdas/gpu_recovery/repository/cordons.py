@@ -30,8 +30,10 @@ from typing import Any
 
 from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
+from gpu_recovery.domain.models import Instance
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.repository.base import Update, from_ddb
+from gpu_recovery.repository.records import instance_from_item
 
 _SET = "pending"
 _HOLDS, _REV, _AT = "holds", "holds_rev", "holds_at"
@@ -120,6 +122,19 @@ class CordonRepository:
     def worklist(self) -> Worklist:
         """Pending members, holds and each shard's revision (one BatchGetItem of the shards)."""
         return worklist_from(self.base.db.batch_get(self.table, self.worklist_keys()))
+
+    def instances_and_holds(self, nodes: Iterable[str]
+                            ) -> tuple[dict[str, Instance], dict[str, dict[str, Any]]]:
+        """``nodes``' records and their placement holds, in one BatchGetItem: their instance
+        items with the worklist shards their holds are on (one per node at most)."""
+        wanted = sorted(set(nodes))
+        shard_keys = [self._key(s) for s in sorted({shard_of(n) for n in wanted})]
+        shards = {str(k[INSTANCE_PK]) for k in shard_keys}
+        items = self.base.db.batch_get(self.table, [*({INSTANCE_PK: n} for n in wanted), *shard_keys])
+        holds = worklist_from(items).holds
+        found = (instance_from_item(i) for i in items if str(i.get(INSTANCE_PK)) not in shards)
+        return ({inst.container_inst_id: inst for inst in found},
+                {n: h for n, h in holds.items() if n in set(wanted)})
 
     def worklist_keys(self) -> list[dict[str, Any]]:
         """The worklist's shards' keys (on the instance table)."""
