@@ -127,14 +127,14 @@ class CordonRepository:
                             ) -> tuple[dict[str, Instance], dict[str, dict[str, Any]]]:
         """``nodes``' records and their placement holds, in one BatchGetItem: their instance
         items with the worklist shards their holds are on (one per node at most)."""
-        wanted = sorted(set(nodes))
+        wanted = set(nodes)
         shard_keys = [self._key(s) for s in sorted({shard_of(n) for n in wanted})]
         shards = {str(k[INSTANCE_PK]) for k in shard_keys}
-        items = self.base.db.batch_get(self.table, [*({INSTANCE_PK: n} for n in wanted), *shard_keys])
+        items = self.base.db.batch_get(self.table, [*({INSTANCE_PK: n} for n in sorted(wanted)), *shard_keys])
         holds = worklist_from(items).holds
         found = (instance_from_item(i) for i in items if str(i.get(INSTANCE_PK)) not in shards)
         return ({inst.container_inst_id: inst for inst in found},
-                {n: h for n, h in holds.items() if n in set(wanted)})
+                {n: h for n, h in holds.items() if n in wanted})
 
     def worklist_keys(self) -> list[dict[str, Any]]:
         """The worklist's shards' keys (on the instance table)."""
