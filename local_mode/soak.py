@@ -315,14 +315,13 @@ def _failed_by_repeat_faults(repo: Repository, sim: SimulatedEcs, job_id: str) -
     for (``domain.escalation``: a reboot does not fix it): the policy working, not a defect."""
     item = repo.jobs.get_job_item(job_id) or {}
     found = _CANNOT_FIX.match(str(item.get("last_error") or ""))
-    if found is None or not item.get("history"):
+    name = next((n.name for n in sim.nodes.values() if found and n.container_instance_id == found[1]), None)
+    if name is None or not item.get("history"):
         return False
-    names = [n.name for n in sim.nodes.values() if n.container_instance_id == found[1]]
     policy = EscalationPolicy()
     until = max(float(entry["at"]) for entry in item["history"])
     injected = [e for e in sim.timeline
-                if e.kind == "fault" and names and e.text.split()[0] == names[0]
-                and "health: reboot_fixable)" in e.text
+                if e.kind == "fault" and e.text.split()[0] == name and "health: reboot_fixable)" in e.text
                 and until - policy.reboot_window_seconds <= e.time <= until]
     return len(injected) > policy.reboots_before_replace
 
