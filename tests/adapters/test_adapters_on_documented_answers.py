@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
 from gpu_recovery import clock
 from gpu_recovery.adapters.ecs import EcsActionFailed, EcsAdapter
@@ -132,6 +132,85 @@ def test_a_cancellation_naming_a_failed_condition_is_the_intent_refused_not_retr
     with pytest.raises(ClientError):
         db.transact(_two_writes())
     assert calls[0] == 1 and sleeps == []
+
+
+def _counted_writes() -> list[Update]:
+    """A first write (its condition holds once) and a count: a transaction applied twice would
+    fail its condition, or count 2."""
+    return [Update(JOBS, {KEY: "j#JOB"}, set_fields={"state": "RUNNING"},
+                   condition="attribute_not_exists(#k)", condition_names={"#k": KEY}),
+            Update(JOBS, {KEY: "j#0"}, increments={"writes": 1})]
+
+
+def test_a_transaction_whose_answer_was_lost_after_it_committed_is_asked_again_with_its_token(
+        sleeps: list[float]) -> None:
+    """Given TransactWriteItems commits and its answer is lost (ReadTimeoutError), When the
+    repository writes, Then it asks again with the same ClientRequestToken and hears success:
+    True (not the condition failing on a second run), the items written once."""
+    db, store = _gateway()
+    tokens: list[str] = []
+
+    def committed_then_lost(params: dict[str, Any]) -> Any:
+        tokens.append(params["ClientRequestToken"])
+        real(**params)
+        raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    real = store.meta.client.transact_write_items
+    calls = _answer_first(store, "transact_write_items", 1, committed_then_lost)
+    assert db.transact(_counted_writes()) is True
+    assert calls[0] == 2 and len(sleeps) == 1
+    assert store.peek(JOBS, {KEY: "j#0"})["writes"] == 1
+
+    # A new transaction of the same items is a new token: its condition decides.
+    assert db.transact(_counted_writes()) is False
+    assert store.peek(JOBS, {KEY: "j#0"})["writes"] == 1 and len(set(tokens)) == 1
+
+
+def test_a_transaction_whose_connection_closed_before_it_ran_runs_on_the_second_ask(
+        sleeps: list[float]) -> None:
+    db, store = _gateway()
+
+    def closed(params: dict[str, Any]) -> Any:
+        raise ConnectionClosedError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    calls = _answer_first(store, "transact_write_items", 1, closed)
+    assert db.transact(_counted_writes()) is True
+    assert calls[0] == 2 and store.peek(JOBS, {KEY: "j#0"})["writes"] == 1
+
+
+def test_an_answer_lost_every_time_is_raised_after_a_bounded_number_of_asks(sleeps: list[float]) -> None:
+    """The event's redelivery then finishes what the transaction started (it reads the items)."""
+    db, store = _gateway()
+
+    def lost(params: dict[str, Any]) -> Any:
+        raise ReadTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com")
+
+    calls = _answer_first(store, "transact_write_items", 100, lost)
+    with pytest.raises(ReadTimeoutError):
+        db.transact(_counted_writes())
+    assert calls[0] == base.OUTCOME_RETRIES + 1
+
+
+def test_the_emulator_keeps_a_committed_transactions_token_for_ten_minutes() -> None:
+    """As DynamoDB does (TransactWriteItems API reference, ClientRequestToken): the same token
+    and items within 10 minutes succeed with no effect; other items under it are
+    IdempotentParameterMismatchException; after 10 minutes the token is a new request."""
+    now = ManualClock(1_800_000_000.0)
+    store = MemoryDynamo({JOBS: "job", INSTANCES: "instance"}, now=now)
+    client = store.meta.client
+    items = [u.transact_item() for u in _counted_writes()]
+    client.transact_write_items(TransactItems=items, ClientRequestToken="t-1")
+    now.advance(599)
+    client.transact_write_items(TransactItems=items, ClientRequestToken="t-1")
+    assert store.peek(JOBS, {KEY: "j#0"})["writes"] == 1
+    with pytest.raises(ClientError) as mismatch:
+        client.transact_write_items(TransactItems=[*items[1:], items[0]], ClientRequestToken="t-1")
+    assert mismatch.value.response["Error"]["Code"] == "IdempotentParameterMismatchException"
+    now.advance(2)
+    with pytest.raises(ClientError) as anew:
+        client.transact_write_items(TransactItems=items, ClientRequestToken="t-1")
+    assert anew.value.response["Error"]["Code"] == "TransactionCanceledException"
+    assert store.peek(JOBS, {KEY: "j#0"})["writes"] == 1
 
 
 # ------------------------------------------------------------------ defect 7: unprocessed keys

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
 from gpu_recovery import clock
 from gpu_recovery.constants import (
@@ -53,6 +54,10 @@ CANCELLATION_CONTENTION_REASONS = ("TransactionConflict", "ProvisionedThroughput
 # The errors a single-item write gets for the same causes.
 _CONTENTION_ERRORS = ("TransactionConflictException", "ProvisionedThroughputExceededException",
                       "ThrottlingException", "RequestLimitExceeded")
+# A transaction whose outcome is unknown (its answer lost after botocore's own retries, these
+# errors) is asked again with the same ClientRequestToken at most this many times.
+OUTCOME_RETRIES = 2
+_OUTCOME_UNKNOWN_ERRORS = ("InternalServerError", "TransactionInProgressException")
 # BatchGetItem answers a partial batch (UnprocessedKeys) under throttling and asks for
 # exponential back-off before the unprocessed keys are asked again (BatchGetItem API
 # reference): full jitter, growing from BATCH_GET_BASE_SECONDS up to BATCH_GET_CAP_SECONDS a
@@ -397,8 +402,8 @@ class DynamoGateway:
         updates = [self._in_its_shard(u) for u in updates]
         for _ in range(2):
             try:
-                with_contention_retries(lambda: self._client.transact_write_items(
-                    TransactItems=[u.transact_item() for u in updates]), "TransactWriteItems")
+                with_contention_retries(lambda: self._transact_once([u.transact_item() for u in updates]),
+                                        "TransactWriteItems")
                 return True
             except ClientError as error:
                 if not is_condition_failure(error):
@@ -408,6 +413,31 @@ class DynamoGateway:
                 if not self._trim_history(failed or list(updates)):
                     return False
         return False
+
+    def _transact_once(self, items: list[dict[str, Any]]) -> None:
+        """One transaction, asked again with its token while its outcome is unknown (its answer
+        lost, an internal error, still in progress): DynamoDB answers a repeat of a committed
+        transaction (same token and items, within 10 minutes) with success and no effect
+        (TransactWriteItems API reference, ClientRequestToken), so the caller learns the
+        outcome now instead of from the event's redelivery a minute later. The token is fresh
+        per transaction: two deliveries of one event writing the same items still race on
+        their conditions."""
+        token = str(uuid.uuid4())
+        for attempt in range(OUTCOME_RETRIES + 1):
+            try:
+                self._client.transact_write_items(TransactItems=items, ClientRequestToken=token)
+                return
+            except (ReadTimeoutError, ConnectionClosedError) as lost:
+                unknown: Exception = lost
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") not in _OUTCOME_UNKNOWN_ERRORS:
+                    raise
+                unknown = error
+            if attempt == OUTCOME_RETRIES:
+                raise unknown
+            logger.info("transaction's outcome unknown; asking again with its token",
+                        extra={"error": type(unknown).__name__, "attempt": attempt + 1})
+            clock.sleep(random.uniform(0, CONTENTION_CAP_SECONDS))
 
     def _trim_history(self, updates: Sequence[Update]) -> bool:
         """A job's history full (its own condition failed the write): drop its oldest entries

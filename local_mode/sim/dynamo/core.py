@@ -85,6 +85,9 @@ class DynamoCore:
         self._request_ids = itertools.count(1)
         # (table, key) -> [(time, invocation)] of committed transactions, for the conflict model
         self._recent_tx: dict[tuple[str, tuple[Any, ...]], list[tuple[float, str]]] = {}
+        # ClientRequestToken -> (when its transaction committed, its items): a repeat within
+        # the idempotency window succeeds with no effect (TransactWriteItems API reference)
+        self._tx_tokens: dict[str, tuple[float, str]] = {}
         definitions = C.table_definitions()
         for name, kind in (tables or {}).items():
             self.create_table(TableName=name, **definitions[kind])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from moto.dynamodb.models.dynamo_type import DynamoType
@@ -10,6 +11,9 @@ from .core import DynamoCore
 from .expressions import _check_tokens_used
 from .storage import _read_units, _Stored, _Table, _Usages, _write_units
 from .values import MAX_BATCH_WRITE_ITEMS, MAX_TRANSACT_ITEMS, _Failure, _new_item, _validation
+
+#: how long DynamoDB remembers a transaction's ClientRequestToken after it completes
+TOKEN_WINDOW_SECONDS = 600.0
 
 
 class BatchWrites(DynamoCore):
@@ -49,6 +53,10 @@ class BatchWrites(DynamoCore):
                               "constraint: Member must have length less than or equal to "
                               f"{MAX_TRANSACT_ITEMS}")
         now = self.now()
+        token = p.get("ClientRequestToken")
+        payload = json.dumps(actions, sort_keys=True, default=repr) if token else ""
+        if token and self._repeated(token, payload, now):
+            return {}
         planned: list[tuple[_Table, tuple[Any, ...], _Stored | None, _Stored | None, set[str] | None,
                             bool]] = []
         reasons: list[dict[str, Any]] = []
@@ -141,7 +149,24 @@ class BatchWrites(DynamoCore):
                 for u in usages:
                     u.read_units += 2 * _read_units(old.size if old else 0, True)
             self._remember_tx(table, key, invocation, now)
+        if token:
+            self._tx_tokens[token] = (now, payload)
         return {}
+
+    def _repeated(self, token: str, payload: str, now: float) -> bool:
+        """A committed transaction's token asked again within the window: True when its items
+        are the same (success, nothing written again), IdempotentParameterMismatchException
+        when they differ; False for a new token (the expired ones are forgotten here)."""
+        if len(self._tx_tokens) > 4096:
+            self._tx_tokens = {t: v for t, v in self._tx_tokens.items() if now - v[0] < TOKEN_WINDOW_SECONDS}
+        seen = self._tx_tokens.get(token)
+        if seen is None or now - seen[0] >= TOKEN_WINDOW_SECONDS:
+            return False
+        if seen[1] != payload:
+            raise _Failure("IdempotentParameterMismatchException",
+                           "DynamoDB rejected the request because you retried a request with a different "
+                           "payload but with an idempotent token that was already used.")
+        return True
 
     def _throttled_transaction(self, planned: list[tuple[_Table, tuple[Any, ...], _Stored | None,
                                                          _Stored | None, set[str] | None, bool]]
