@@ -47,6 +47,9 @@ Modelled (configurable):
   others; nothing written); a PutItem / UpdateItem / DeleteItem of such an item fails with
   TransactionConflictException. Which invocation is calling and what time it is come from
   the ``context`` and ``now`` callables the simulator passes.
+* **client request tokens**: a TransactWriteItems that committed with a ``ClientRequestToken``
+  is remembered for 10 simulated minutes: the same token and items again succeed with no
+  effect, other items under it are ``IdempotentParameterMismatchException``.
 * **latency**: ``on_call(operation)`` is called after each call (the simulator advances
   the caller's simulated clock there).
 * **partition throughput** (``partition_throughput=PartitionThroughput()``, off by default;
