@@ -214,6 +214,39 @@ def test_a_fault_whose_first_delivery_died_after_its_commit_is_reserved_before_i
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 
 
+@pytest.mark.parametrize("by", ["a second suspect", "a coupled exit"])
+def test_a_rank_exiting_on_its_own_after_its_jobs_fault_delivery_died_keeps_its_node_and_stops_the_rest(
+        by: str) -> None:
+    """Given a four-node job whose rank 1 fails (exit 1) and whose delivery dies after its
+    commit (the answer lost: the job in recovery, its stop not sent, nothing reserved), When a
+    peer exits on its own (NCCL: the next exit is a second suspect; the one after it, coupled,
+    here after the suspect's own reservation could not put its attributes), Then that exit
+    reserves the job's nodes (its own, freed, included) and sends the job's stop: the ranks
+    still running are stopped with every node reserved. The fault's redelivery would have
+    done it a minute on, when another scheduler's task could be on the freed node (soak seeds
+    7207 and 7216 at 10 % of calls failing)."""
+    nodes = ["node-a", "node-b", "node-c", "node-d"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        w.repo.fail_once("rank_events.enter_recovery", "lose")
+        with pytest.raises(LostResponse):
+            w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert _value(w, "node-b") is None and not w.ecs.stop_calls, "the premise: nothing reserved or stopped"
+        at_stop = w.unavailable_at_stop(nodes)
+        w.now[0] += 3
+        if by == "a coupled exit":
+            w.ecs.failures["put_attributes_many"] = ["refuse", "refuse"]
+            suspect = w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+            assert suspect.action == "health_check_requested" and not at_stop and _value(w, "node-a") is None
+            w.now[0] += 1
+        first = 2 if by == "a coupled exit" else 0
+        outcome = w.service.on_task_state_change(w.task_stopped(arns[first], exit_code=1))
+        assert outcome.action == ("coupled_exit" if by == "a coupled exit" else "health_check_requested")
+        assert all(_value(w, n) == "reserved" for n in nodes)
+        assert set(at_stop) == {arns[r] for r in (2, 3) if r != first}
+        assert all(seen == {n: "reserved" for n in nodes} for seen in at_stop.values())
+
+
 def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its_stop() -> None:
     """Given a three-node job whose rank 2's RUNNING event was lost (no rank item, not on the
     registered latch: its fault's reservation cannot know node-c), When rank 0 fails and the

@@ -1,19 +1,18 @@
 """Stage 1: training task state changes -> rank records, job outcomes, fault detection.
 
-A STOPPED event is classified by what ECS says (``stopCode``, ``stoppedReason``, exit
-code), never by what we intended, so the faulty rank is a suspect whichever of the
-cascade's events is processed first. A rank that exited on its own (not 0) is judged by
-the fault catalog on its evidence (exit and stop codes, the XIDs and GPU signals the node
-agent reported around it): health check, a definitive node action without the diag
-(fast path), a restart without node action (application error / transient fault, within
-the job's budget), or failure. The rank's stop, the job's reaction and the evidence are
-one transaction; a redelivered event finds them written (or not at all) and goes on with
-the side effects the job's state still needs.
+A STOPPED event is classified by what ECS says (``stopCode``, ``stoppedReason``, exit code), never
+by what we intended, so the faulty rank is a suspect whichever of the cascade's events is processed
+first. A rank that exited on its own (not 0) is judged by the fault catalog on its evidence (exit
+and stop codes, the XIDs and GPU signals the node agent reported around it): health check, a
+definitive node action without the diag (fast path), a restart without node action (application
+error / transient fault, within the job's budget), or failure. The rank's stop, the job's reaction
+and the evidence are one transaction; a redelivered event finds them written (or not at all) and
+goes on with the side effects the job's state still needs.
 
-Nothing here reads every rank: each rank arrives at its attempt's latches (ended, done)
-and names its node a suspect on the same write, the job's reaction dispatches a gang
-fan-out once (``recovery.gang``), and whoever completes the *ended* latch counts the
-fault's suspects and moves the job on.
+Nothing here reads every rank: each rank arrives at its attempt's latches (ended, done) and names
+its node a suspect on the same write, the job's reaction dispatches a gang fan-out once
+(``recovery.gang``), and whoever completes the *ended* latch counts the fault's suspects and moves
+the job on.
 """
 
 from __future__ import annotations
@@ -77,15 +76,14 @@ _JUDGED_KINDS = (StopKind.SUSPECTED_GPU_FAULT, StopKind.FAILED)
 _STOPPING_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.RESTART, StopReaction.FAIL_JOB,
                        StopReaction.USER_STOPPED)
 _SUSPECT_REACTIONS = (StopReaction.ENTER_RECOVERY, StopReaction.ADD_SUSPECT)
-# Reactions that write the rank's stop and nothing else (a gang's stopped ranks, a fault's
-# coupled exits, a completion): what follows needs no fresh read of the job or the rank.
+# Reactions of a rank that stopped on its own while its job recovers: its node kept for it.
+_KEPT_REACTIONS = (StopReaction.COUPLED, StopReaction.ADD_SUSPECT)
+# Reactions writing the rank's stop alone (gang-stopped ranks, coupled exits, a completion): no fresh read.
 _RANK_ONLY_REACTIONS = (StopReaction.RECORD, StopReaction.MAYBE_COMPLETE, StopReaction.COUPLED)
-# A stop whose job keeps its node (it entered, or is in, recovery: the node is reserved for
-# its restart), or a redelivery: no node freed for anyone else.
+# A stop whose job keeps its node (it is in recovery: reserved for its restart), or a redelivery.
 _STILL_HELD = frozenset({"health_check_requested", "coupled_exit", "recorded", "duplicate",
                          "restart_requested"})
-# A fault of a rank that failed on its own moves the job from these (a SUSPENDING job's
-# grace included: the fault wins over the suspension).
+# A fault of a rank that failed on its own moves the job from these (the fault wins over a suspension).
 FAULT_JOB_STATES = ACTIVE_JOB_STATES | {JobState.SUSPENDING}
 
 
@@ -104,8 +102,7 @@ class TaskEvents:
     policy: RemediationPolicy
     metrics: MetricsPort  # the service's relay: the invocation's metrics
     settings: Settings
-    # Told: a fault seen (its nodes reserved for its job at once); any task's stop (the
-    # node it may have freed).
+    # Told: a fault seen (its nodes reserved for its job at once); any task's stop (a node freed?).
     reactions: Reactions = field(default_factory=Reactions)
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
@@ -176,8 +173,7 @@ class TaskEvents:
             return Outcome("ignored", rank.job_id, {"why": "task of an older attempt"})
         stop = TaskStop(detail.exit_code(), detail.stopCode, detail.stoppedReason)
         kind = policy.classify_stop(stop, self.settings.suspect_exit_codes)
-        # When the task really ended (its event's own time, not when this delivery runs: a
-        # retried delivery must not count the minute it waited as training, issue 52).
+        # When the task ended (its event's time: a retried delivery's wait is not training, issue 52).
         stamp = detail.executionStoppedAt or detail.stoppedAt or detail.updatedAt
         ended_at = min(stamp.timestamp(), clock.now()) if stamp is not None else None
         ran_from = min(detail.startedAt.timestamp(), clock.now()) if detail.startedAt is not None else None
@@ -349,8 +345,7 @@ class TaskEvents:
         if assessment is None or not self.suspects.coupled(
                 job, assessment.evidence, assessment.plan.action, assessment.remediating, exited_at):
             return False
-        # A first delivery that judged it a suspect (and died before its stop was written) opened
-        # the node's item naming this rank: a suspect it stays, counted as one.
+        # A first delivery judged it a suspect and died before its stop: a suspect it stays, counted once.
         opened = self.data.faults.get_suspect(job.job_id, job.attempt, rank.container_inst_id)
         return opened is None or rank.rank not in opened.ranks
 
@@ -383,6 +378,10 @@ class TaskEvents:
                 reaction not in (StopReaction.ENTER_RECOVERY, StopReaction.RESTART)
                 or reserved_first(self.reactions, fresh, rank.container_inst_id)):
             self._stop_gang(fresh)
+        elif reaction in _KEPT_REACTIONS and not redelivered and fresh.attempt == rank.attempt:
+            # Its node freed before the fault's delivery reserved the nodes and sent the stop (it
+            # died, or is at work): this stop does both, as that redelivery would a minute on.
+            self._stop_gang(fresh, reserve_for=rank.container_inst_id)
         outcome = self._converge(fresh, redelivered=redelivered, kind=kind, rank=rank,
                                  suspect=reaction in _SUSPECT_REACTIONS,
                                  coupled=reaction is StopReaction.COUPLED, ended_at=ended_at,
