@@ -223,8 +223,8 @@ def test_a_rank_exiting_on_its_own_after_its_jobs_fault_delivery_died_keeps_its_
     here after the suspect's own reservation could not put its attributes), Then that exit
     reserves the job's nodes (its own, freed, included) and sends the job's stop: the ranks
     still running are stopped with every node reserved. The fault's redelivery would have
-    done it a minute on, when another scheduler's task could be on the freed node (soak seeds
-    7207 and 7216 at 10 % of calls failing)."""
+    done it a minute on, when another scheduler's task could be on the freed node (soak seed
+    7216 at 10 % of calls failing)."""
     nodes = ["node-a", "node-b", "node-c", "node-d"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
