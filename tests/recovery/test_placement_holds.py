@@ -231,7 +231,7 @@ def test_a_rank_exiting_on_its_own_after_its_jobs_fault_delivery_died_keeps_its_
         w.repo.fail_once("rank_events.enter_recovery", "lose")
         with pytest.raises(LostResponse):
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        assert _value(w, "node-b") is None and not w.ecs.stop_calls, "the premise: nothing reserved or stopped"
+        assert _value(w, "node-b") is None and not w.ecs.stop_calls, "the premise: nothing reserved, stopped"
         at_stop = w.unavailable_at_stop(nodes)
         w.now[0] += 3
         if by == "a coupled exit":
