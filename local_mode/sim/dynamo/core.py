@@ -3,6 +3,7 @@ the single-item operations (GetItem, PutItem, UpdateItem, DeleteItem)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time as _time
@@ -88,6 +89,7 @@ class DynamoCore:
         # ClientRequestToken -> (when its transaction committed, its items): a repeat within
         # the idempotency window succeeds with no effect (TransactWriteItems API reference)
         self._tx_tokens: dict[str, tuple[float, str]] = {}
+        self._tx_token_order: collections.deque[tuple[float, str]] = collections.deque()  # oldest first
         definitions = C.table_definitions()
         for name, kind in (tables or {}).items():
             self.create_table(TableName=name, **definitions[kind])

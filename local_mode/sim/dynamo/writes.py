@@ -151,14 +151,17 @@ class BatchWrites(DynamoCore):
             self._remember_tx(table, key, invocation, now)
         if token:
             self._tx_tokens[token] = (now, payload)
+            self._tx_token_order.append((now, token))
         return {}
 
     def _repeated(self, token: str, payload: str, now: float) -> bool:
         """A committed transaction's token asked again within the window: True when its items
         are the same (success, nothing written again), IdempotentParameterMismatchException
         when they differ; False for a new token (the expired ones are forgotten here)."""
-        if len(self._tx_tokens) > 4096:
-            self._tx_tokens = {t: v for t, v in self._tx_tokens.items() if now - v[0] < TOKEN_WINDOW_SECONDS}
+        order = self._tx_token_order
+        while order and now - order[0][0] >= TOKEN_WINDOW_SECONDS:  # forgotten oldest first: O(1) a call
+            _, old_token = order.popleft()
+            self._tx_tokens.pop(old_token, None)
         seen = self._tx_tokens.get(token)
         if seen is None or now - seen[0] >= TOKEN_WINDOW_SECONDS:
             return False
