@@ -27,14 +27,13 @@ def test_a_flow_with_one_percent_of_its_calls_failing_repairs_no_healthy_node(fl
 
 
 def test_a_running_job_s_stop_lost_to_three_injected_failures_is_redriven_as_the_runbook_says() -> None:
-    """held_autoclose with 3 % of its calls failing, seed 205 (seed 7 until the sweep's lead
-    changed the dice): rank 0's STOPPED event of the job's current attempt (exit 0) meets an
-    injected failure on each of its three deliveries (the rank's look-up lost, then throttled,
-    then a write's answer lost), so it is dead-lettered with the rank's end written but not
-    counted (rank 0 DONE, the job RUNNING), and the sweep does not replay it for a RUNNING job
-    (docs/recovery-loop.md, "Known limits"). The flow redrives it as the DLQ runbook does
-    (``runbook.redrive_lost_stops``): the job completes, its goodput ledger right."""
-    with calls_failing(0.03, 205):
+    """held_autoclose with 3 % of its calls failing, seed 314 (seed 7 until the sweep's lead, then
+    205 until a transaction's lost answer was asked again with its token, changed the dice): a
+    STOPPED event of the job's current attempt meets an injected failure on each of its three
+    deliveries, so it is dead-lettered with the job RUNNING, and the sweep does not replay it for
+    a RUNNING job (docs/recovery-loop.md, "Known limits"). The flow redrives it as the DLQ
+    runbook does (``runbook.redrive_lost_stops``): the job completes, its goodput ledger right."""
+    with calls_failing(0.03, 314):
         result = recovery.run("held_autoclose")
     assert len(result.redriven) == 1 and result.redriven[0].endswith(": ok"), result.redriven
     assert result.problems() == [], result.broken
