@@ -88,7 +88,7 @@ class DynamoCore:
         self._recent_tx: dict[tuple[str, tuple[Any, ...]], list[tuple[float, str]]] = {}
         # ClientRequestToken -> (when its transaction committed, its items): a repeat within
         # the idempotency window succeeds with no effect (TransactWriteItems API reference)
-        self._tx_tokens: dict[str, tuple[float, str]] = {}
+        self._tx_tokens: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._tx_token_order: collections.deque[tuple[float, str]] = collections.deque()  # oldest first
         definitions = C.table_definitions()
         for name, kind in (tables or {}).items():

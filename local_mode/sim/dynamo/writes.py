@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from moto.dynamodb.models.dynamo_type import DynamoType
@@ -54,8 +53,7 @@ class BatchWrites(DynamoCore):
                               f"{MAX_TRANSACT_ITEMS}")
         now = self.now()
         token = p.get("ClientRequestToken")
-        payload = json.dumps(actions, sort_keys=True, default=repr) if token else ""
-        if token and self._repeated(token, payload, now):
+        if token and self._repeated(token, actions, now):
             return {}
         planned: list[tuple[_Table, tuple[Any, ...], _Stored | None, _Stored | None, set[str] | None,
                             bool]] = []
@@ -150,11 +148,13 @@ class BatchWrites(DynamoCore):
                     u.read_units += 2 * _read_units(old.size if old else 0, True)
             self._remember_tx(table, key, invocation, now)
         if token:
-            self._tx_tokens[token] = (now, payload)
+            # a reference, not a copy: the request's items are the serializer's own, never
+            # changed after the call, and compared only when their token comes again
+            self._tx_tokens[token] = (now, actions)
             self._tx_token_order.append((now, token))
         return {}
 
-    def _repeated(self, token: str, payload: str, now: float) -> bool:
+    def _repeated(self, token: str, actions: list[dict[str, Any]], now: float) -> bool:
         """A committed transaction's token asked again within the window: True when its items
         are the same (success, nothing written again), IdempotentParameterMismatchException
         when they differ; False for a new token (the expired ones are forgotten here)."""
@@ -165,7 +165,7 @@ class BatchWrites(DynamoCore):
         seen = self._tx_tokens.get(token)
         if seen is None or now - seen[0] >= TOKEN_WINDOW_SECONDS:
             return False
-        if seen[1] != payload:
+        if seen[1] != actions:
             raise _Failure("IdempotentParameterMismatchException",
                            "DynamoDB rejected the request because you retried a request with a different "
                            "payload but with an idempotent token that was already used.")
