@@ -138,3 +138,33 @@ def test_a_call_whose_budget_is_spent_says_it_was_never_sent(now: list[float]) -
     with pytest.raises(RateLimited) as raised:
         ecs.start_task(task_definition="train:1", container_instance_arn="ci-1")
     assert not_sent(raised.value) and client.sent == 1
+
+
+def test_callers_without_a_turn_of_their_own_reserve_ahead_and_never_poll_the_item(now: list[float]) -> None:
+    """Given one budget item and callers that each take one token with the default patience
+    When six come at the same instant and a seventh whose token is further off than its patience
+    Then each is served in turn at the bucket's rate with one write of the item (two for the
+    first: no item yet), none reads it, and the seventh is refused after one read, the item
+    unchanged: a thousand-rank stop's workers once polled it ~700 times a rank."""
+    from gpu_recovery import constants as C
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.rate_limit import RateLimitRepository
+    from local_mode.sim.dynamo import MemoryDynamo
+
+    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
+    db = MemoryDynamo({jobs: "job", instances: "instance"})
+    budget = EcsCallBudget(RateLimitRepository(Repository(db, jobs, instances).tables),
+                           TokenBucket(rate=4, burst=2), max_wait_seconds=1.0)
+    called_at = []
+    for _ in range(6):
+        now[0] = 1000.0 + budget.waited_seconds  # each as if it had come at 1000.0
+        budget.acquire(1)
+        called_at.append(now[0])
+    assert called_at == pytest.approx([1000.0, 1000.0, 1000.25, 1000.5, 1000.75, 1001.0])
+    calls = db.meter.total.calls
+    assert calls["UpdateItem"] == 7 and calls["GetItem"] == 0
+    now[0] = 1000.0
+    with pytest.raises(RateLimited) as refused:
+        budget.acquire(1)
+    assert refused.value.wait_seconds == pytest.approx(0.25) and now[0] == 1000.0
+    assert calls["GetItem"] == 1 and calls["UpdateItem"] == 9  # two refused conditions, one read

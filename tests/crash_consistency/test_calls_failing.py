@@ -54,10 +54,10 @@ def test_a_stop_whose_first_delivery_wrote_the_rank_s_end_but_not_its_count_is_r
 
 
 def test_a_notice_sent_again_after_its_lost_confirmation_is_known_by_its_notice_id() -> None:
-    """app_error with 6 % of its calls failing, seed 1183: the recovered notice is sent twice (a
+    """app_error with 6 % of its calls failing, seed 1193: the recovered notice is sent twice (a
     confirmation lost), and both e-mails carry one notice id: the run counts the second as a
     repeat (``resent``), which its e-mail bound does not count (``mail_problems``)."""
-    with calls_failing(0.06, 1183):
+    with calls_failing(0.06, 1193):
         result = recovery.run("app_error")
     assert result.mails.count(("recovered", recovery.JOB_ID)) == 2, result.broken
     assert result.resent == [("recovered", recovery.JOB_ID)]

@@ -1,8 +1,10 @@
 """The ECS control-plane budget's item (``domain.rate_limit``): one GCRA per account.
 
-A reservation reads the bucket's theoretical arrival time and moves it with a conditional
-write on the value read; a concurrent reservation makes the write fail and this one read
-again. The item lives in the container-instance table (beside the breaker).
+A reservation ahead (every caller of ``adapters.ecs_budget``) moves the bucket's theoretical
+arrival time with one atomic ADD, conditioned on the turn being within reach; one without
+patience (``ahead`` 0) reads it and moves it with a conditional write on the value read (a
+concurrent reservation makes the write fail and this one read again). The item lives in the
+container-instance table (beside the breaker).
 """
 
 from __future__ import annotations
