@@ -60,7 +60,7 @@ from handlers import (
     recovery_sweep,
     tag_lookup_worker,
 )
-from handlers._common import Handle
+from handlers._common import Handle, run_body
 from local_mode.health_verdicts import HEALTH_CHECK_LOG_GROUP
 from local_mode.sim import deployment as D
 from local_mode.sim.aws_calls import Account, Latencies
@@ -168,8 +168,8 @@ def on_container(handle: Handle) -> Callable[[Container, dict[str, Any]], dict[s
         context = invocation_context(container)
         if context is None:
             return handle(event, container.service)
-        return handle(event, container.service, time_left=context.time_left,
-                      request_id=context.aws_request_id)
+        return run_body(handle, event, container.service, time_left=context.time_left,
+                        request_id=context.aws_request_id)
 
     return handler
 

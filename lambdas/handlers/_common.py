@@ -20,7 +20,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.parser import parse
 from pydantic import BaseModel, ValidationError
 
-from gpu_recovery import runtime
+from gpu_recovery import clock, runtime
 from gpu_recovery.metric_names import METRICS_NAMESPACE
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -76,6 +76,15 @@ class Handle(Protocol):
                  time_left: TimeLeft | None = None, request_id: str | None = None) -> dict[str, Any]: ...
 
 
+def run_body(handle: Handle, event: dict[str, Any], service: Any, *, time_left: TimeLeft | None,
+             request_id: str | None) -> dict[str, Any]:
+    """One invocation of a handler's body (``lambda_handler``, and the scale simulation's
+    functions): the waits deep below the services (the ECS budget's turns, a BatchGetItem's
+    back-off) end inside it (``clock.deadline``), not in Lambda's timeout, mid-call."""
+    with clock.invocation_ends(time_left):
+        return handle(event, service, time_left=time_left, request_id=request_id)
+
+
 def entry_point(logger: Logger, tracer: Tracer, metrics: Metrics, body: Callable[[], Handle],
                 service: Callable[[runtime.PowertoolsMetrics], Any], *,
                 correlation_id_path: str | None = "id") -> Callable[[dict[str, Any], Any], dict[str, Any]]:
@@ -88,7 +97,7 @@ def entry_point(logger: Logger, tracer: Tracer, metrics: Metrics, body: Callable
     @tracer.capture_lambda_handler
     @metrics.log_metrics
     def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        return body()(event, service(runtime.PowertoolsMetrics(metrics)),
-                      time_left=remaining_time(context), request_id=request_id_of(context))
+        return run_body(body(), event, service(runtime.PowertoolsMetrics(metrics)),
+                        time_left=remaining_time(context), request_id=request_id_of(context))
 
     return lambda_handler

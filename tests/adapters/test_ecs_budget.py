@@ -168,3 +168,26 @@ def test_callers_without_a_turn_of_their_own_reserve_ahead_and_never_poll_the_it
         budget.acquire(1)
     assert refused.value.wait_seconds == pytest.approx(0.25) and now[0] == 1000.0
     assert calls["GetItem"] == 1 and calls["UpdateItem"] == 9  # two refused conditions, one read
+
+
+def test_no_turn_is_waited_for_past_the_invocations_end(now: list[float]) -> None:
+    """Given a busy budget (a token due every 0.25 s) and an invocation that ends 11 s from now
+    When callers with a patience of 5 s take their turns one after another
+    Then they are served while a turn comes before the end less the call margin (10 s), and the
+    next is refused at once, nothing reserved or waited: a large cascade's attribute puts once
+    waited their turns into their handler's timeout (179 at 2,048 tasks). Outside an invocation
+    the same turn is waited for."""
+    from gpu_recovery.adapters.ecs_budget import CALL_MARGIN_SECONDS
+
+    store = _Store()
+    budget = EcsCallBudget(store, TokenBucket(rate=4, burst=1), max_wait_seconds=5.0)
+    with clock.invocation_ends(lambda: CALL_MARGIN_SECONDS + 1.0):
+        served = 0
+        with pytest.raises(RateLimited) as refused:
+            for _ in range(10):
+                budget.acquire(1)
+                served += 1
+        assert served == 5 and now[0] == pytest.approx(1001.0)  # at 1000, 1000.25, ... 1001.0
+        assert store.writes == 5 and refused.value.wait_seconds > 0
+    budget.acquire(1)  # the same turn, no invocation: waited for
+    assert store.writes == 6 and now[0] == pytest.approx(1001.25)

@@ -22,6 +22,9 @@ from gpu_recovery.domain.rate_limit import Reservation, TokenBucket
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAIT_SECONDS = 5.0
+# A turn is waited for only if it comes this long before the invocation ends: the call, and
+# what the caller writes after it, still fit (Lambda's timeout would kill it mid-step).
+CALL_MARGIN_SECONDS = 10.0
 
 
 class RateLimited(Exception):
@@ -62,14 +65,21 @@ class EcsCallBudget:
         """Take ``tokens`` (at most the bucket's burst): reserved now if they are due within
         ``in_turn_within`` seconds (default ``max_wait_seconds``), then waited for; callers
         bursting at once are served in order, at the bucket's rate, each with one write to the
-        budget. RateLimited when they are not due in time (nothing reserved, nothing waited).
+        budget. RateLimited when they are not due in time (nothing reserved, nothing waited);
+        the patience never reaches past the running invocation's end less CALL_MARGIN_SECONDS
+        (``clock.deadline``: a large cascade's attribute puts, each waiting its turn, ran
+        handlers into their timeout, 179 at 2,048 tasks).
 
         Never read-then-write and poll: a thousand-rank stop's workers all polling one item
         made ~700 reads and conditional writes of it per rank, most of them lost races."""
         tokens = max(1, min(tokens, self.bucket.burst))
         patience = self.max_wait_seconds if in_turn_within is None else in_turn_within
         with self._lock:
-            decided = self.store.reserve(tokens, self.bucket, clock.now(), patience)
+            now = clock.now()
+            ends = clock.deadline()
+            if ends is not None:
+                patience = max(0.0, min(patience, ends - now - CALL_MARGIN_SECONDS))
+            decided = self.store.reserve(tokens, self.bucket, now, patience)
             if not decided.granted:
                 raise RateLimited(max(decided.wait_seconds - patience, tokens / self.bucket.rate))
             if decided.wait_seconds > 0:

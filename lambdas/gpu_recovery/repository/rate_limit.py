@@ -1,10 +1,9 @@
 """The ECS control-plane budget's item (``domain.rate_limit``): one GCRA per account.
 
-A reservation ahead (every caller of ``adapters.ecs_budget``) moves the bucket's theoretical
-arrival time with one atomic ADD, conditioned on the turn being within reach; one without
-patience (``ahead`` 0) reads it and moves it with a conditional write on the value read (a
-concurrent reservation makes the write fail and this one read again). The item lives in the
-container-instance table (beside the breaker).
+A reservation (every caller of ``adapters.ecs_budget``) moves the bucket's theoretical arrival
+time with one atomic ADD, conditioned on the turn being within the caller's reach; the item is
+read only when that write does not apply. The item lives in the container-instance table
+(beside the breaker).
 """
 
 from __future__ import annotations
@@ -39,33 +38,11 @@ class RateLimitRepository:
         return cls(base, ECS_DESCRIBE_RATE_ITEM_KEY)
 
     def reserve(self, tokens: int, bucket: TokenBucket, now: float, ahead: float = 0.0) -> Reservation:
-        if ahead > 0:
-            return self._reserve_ahead(tokens, bucket, now, ahead)
-        for _ in range(_ROUNDS):
-            # The TAT as stored (a Decimal: one moved by ADD carries more digits than a float),
-            # so that the condition compares it with itself.
-            tat = (self.base.db.get(self.table, {INSTANCE_PK: self.key}) or {}).get("tat")
-            decided = reserve(None if tat is None else float(tat), now, tokens, bucket, ahead)
-            if not decided.granted:
-                return decided
-            if tat is None:
-                condition, values = "attribute_not_exists(#tat)", {}
-            else:
-                condition, values = "#tat = :read", {":read": tat}
-            if self.base.db.apply(Update(
-                    table=self.table, key={INSTANCE_PK: self.key},
-                    set_fields={"tat": decided.tat, "item_type": "RATE_LIMIT", "rate": bucket.rate,
-                                "burst": bucket.burst},
-                    condition=condition, condition_values=values, condition_names={"#tat": "tat"})):
-                return decided
-        # Lost every race: as busy as it gets; the caller waits a token's time and asks again.
-        return Reservation(False, 0.0, tokens / bucket.rate)
-
-    def _reserve_ahead(self, tokens: int, bucket: TokenBucket, now: float, ahead: float) -> Reservation:
-        """A reservation in turn, without reading first: the TAT is moved by an atomic ADD
-        while it is within reach (``latest_tat_to_reserve``), or set from now when the bucket
-        has caught up; callers bursting at once are served one after another by DynamoDB
-        (no read-modify-write race, no lost rounds). Read only when neither write applies."""
+        """A reservation in turn (due within ``ahead`` seconds; 0: now), without reading first:
+        the TAT is moved by an atomic ADD while it is within reach (``latest_tat_to_reserve``),
+        or set from now when the bucket has caught up; callers bursting at once are served one
+        after another by DynamoDB (no read-modify-write race, no lost rounds). Read only when
+        neither write applies."""
         tokens = max(1, min(tokens, bucket.burst))
         step = tokens / bucket.rate
         meta = {"item_type": "RATE_LIMIT", "rate": bucket.rate, "burst": bucket.burst}
