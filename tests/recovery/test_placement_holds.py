@@ -247,6 +247,63 @@ def test_a_rank_exiting_on_its_own_after_its_jobs_fault_delivery_died_keeps_its_
         assert all(seen == {n: "reserved" for n in nodes} for seen in at_stop.values())
 
 
+def test_a_rank_exiting_while_its_jobs_reservation_is_being_put_leaves_it_and_the_stop_to_its_committer(
+        ) -> None:
+    """Given a four-node job whose rank 1 fails (exit 1), When rank 0 exits on its own (a second
+    suspect) while the fault's invocation is putting the nodes' attributes (its first call),
+    Then rank 0's event puts none of them again and sends no stop: the fault's invocation puts
+    every node once and then stops the ranks still running, every node reserved (2,048 tasks,
+    every node checked: 360 PutAttributes calls repeated the committer's 26; 8,192: 40 s)."""
+    nodes = ["node-a", "node-b", "node-c", "node-d"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        at_stop = w.unavailable_at_stop(nodes)
+        real_put = w.ecs.put_attributes_many
+        seen: list[Any] = []
+
+        def put_while_a_peer_exits(entries: Any) -> set[str]:
+            if not seen:
+                seen.append(None)
+                w.advance(2)
+                seen.append(w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1)))
+                seen.append((dict(at_stop), list(w.ecs.hold_calls)))  # asserted below (raised here,
+            return real_put(entries)                                  # it would fail the put)
+
+        w.ecs.put_attributes_many = put_while_a_peer_exits  # type: ignore[method-assign]
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert seen[1].action == "health_check_requested"
+        assert seen[2] == ({}, []), "its event left the puts and the stop to the fault's"
+        assert sorted(n for _, n, _ in w.ecs.hold_calls) == nodes  # each node put once
+        assert set(at_stop) == {arns[2], arns[3]}
+        assert all(seen == {n: "reserved" for n in nodes} for seen in at_stop.values())
+
+
+def test_a_reservation_whose_committer_died_is_put_by_the_first_event_after_its_lease() -> None:
+    """Given a four-node job whose fault's invocation committed the nodes' reservation and died
+    before putting it (its lease not given back), When a peer exits on its own within
+    SYNC_LEASE_SECONDS, Then it leaves the nodes and the stop (their committer may be at work);
+    When another exits after the lease, Then that one puts every node and sends the stop: the
+    ranks still running are stopped with every node reserved."""
+    from gpu_recovery.domain.placement import SYNC_LEASE_SECONDS
+
+    nodes = ["node-a", "node-b", "node-c", "node-d"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        at_stop = w.unavailable_at_stop(nodes)
+        w.ecs.failures["put_attributes_many"] = ["refuse", "refuse"]
+        w.repo.fail_once("cordons.stop_syncing", "refuse")  # its death: the lease stays
+        w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert not at_stop and not w.ecs.hold_calls and w.repo.cordons.worklist().pending
+        w.advance(3)
+        w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1))
+        assert not at_stop and not w.ecs.hold_calls
+        w.advance(SYNC_LEASE_SECONDS)
+        outcome = w.service.on_task_state_change(w.task_stopped(arns[2], exit_code=1))
+        assert outcome.action == "coupled_exit"
+        assert all(_value(w, n) == "reserved" for n in nodes)
+        assert set(at_stop) == {arns[3]} and at_stop[arns[3]] == {n: "reserved" for n in nodes}
+
+
 def test_a_rank_the_gang_stop_finds_by_its_tags_has_its_node_reserved_before_its_stop() -> None:
     """Given a three-node job whose rank 2's RUNNING event was lost (no rank item, not on the
     registered latch: its fault's reservation cannot know node-c), When rank 0 fails and the

@@ -66,6 +66,11 @@ VALIDATING = "validating"
 NOTICE = "aws-notice"
 HOLD_KINDS = (RESERVED, SPARE)
 LENT = "lent"  # key of a spare's hold: the queue job it is lent to ("" / absent: none)
+# A fault's reservation is put by the invocation that committed it (which then sends the job's
+# stop): for this long another invocation seeing the same fault (a rank exiting on its own, a
+# redelivery, the sweep) leaves those nodes to it, unless it gave up (2,048 tasks, every node
+# checked: 360 PutAttributes calls repeated the committer's 26).
+SYNC_LEASE_SECONDS = 15.0
 # The holds live on one DynamoDB item with the attribute sync worklist (repository/cordons.py)
 # and an item takes at most 400 KB (DynamoDB's item limit): a hold is ~230 bytes (lent), a
 # worklist member ~50 (twice per hold at worst, and as many reported refused). At most this

@@ -53,6 +53,7 @@ from gpu_recovery.recovery.cordons import Cordons
 from gpu_recovery.recovery.free_nodes import LiveRanksOnNodes, unhandled_stops, views
 from gpu_recovery.recovery.gang_restart import GangRestart
 from gpu_recovery.recovery.ports import ListsContainerInstances
+from gpu_recovery.recovery.reactions import HOLDS_SYNCING
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.stage_data import HasInstances, HasJobs, ReadsInstances
 from gpu_recovery.repository.cordons import CordonRepository, Worklist
@@ -150,17 +151,23 @@ class PlacementHolds:
                                    for n, h in changes.items()})
 
     def _commit(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None],
-                quietly: bool = True) -> str:
-        """``changes`` committed on ``read`` and their attributes synced (a failed sync left
-        to the sweep, or raised when not ``quietly``: the caller tries again)."""
-        if not self.data.cordons.set_holds(read, changes, clock.now()):
+                quietly: bool = True, syncing_for: str = "", committed: list[float] | None = None,
+                also_sync: Sequence[str] = ()) -> str:
+        """``changes`` committed on ``read`` (``syncing_for``: the job whose reservation this
+        invocation puts; the try's time noted in ``committed``) and their attributes synced, with
+        ``also_sync``'s (a failed sync left to the sweep, or raised when not ``quietly``: the
+        caller tries again)."""
+        now = clock.now()
+        if committed is not None:
+            committed.append(now)  # before the write: its answer may be lost, the write made
+        if not self.data.cordons.set_holds(read, changes, now, syncing_for):
             return "holds_raced"  # another refresh won: the next one starts from its holds
         logger.info("placement holds changed", extra={
             "held": {n: (h or {}).get("why", "released") for n, h in sorted(changes.items())}})
         if quietly:
-            self.cordons.sync_many_quietly(changes)
+            self.cordons.sync_many_quietly([*changes, *also_sync])
         else:
-            self.cordons.sync_many(changes)
+            self.cordons.sync_many([*changes, *also_sync])
         return "holds_changed"
 
     # ------------------------------------------------------------------- a fault
@@ -171,35 +178,60 @@ class PlacementHolds:
         free the nodes within seconds: the sweep's refresh a minute on may find another
         scheduler's task there); with a spare pool, the spare its relocation may take is
         decided here too (``GangRestart.decide_on_fault``) and the pool refilled. A step that
-        fails again is left to the sweep's refresh (the job in recovery is the intent)."""
-        action = twice(partial(self._reserve_nodes_of, job, failing_node),
-                       done=lambda done: done != "holds_raced")
+        fails again is left to the sweep's refresh (the job in recovery is the intent).
+        HOLDS_SYNCING when another invocation's reservation is still being put (it sends the
+        job's stop once it is)."""
+        committed: list[float] = []
+        try:
+            reserved = action = twice(partial(self._reserve_nodes_of, job, failing_node, committed),
+                                      done=lambda done: done != "holds_raced")
+        except Exception:
+            if committed:  # given up: the next invocation that sees the fault puts them
+                self._stop_syncing(job.job_id, committed[-1])
+            raise
         if self.settings.spare_nodes.configured:
             decided = self.restarts.decide_on_fault(job)
             if decided:
                 action = self.reserve(job.job_id, decided)
             action = self.refresh()
-        return action
+        return HOLDS_SYNCING if reserved == HOLDS_SYNCING else action
 
-    def _reserve_nodes_of(self, job: Job, failing_node: str = "") -> str:
-        """The job's nodes (and ``failing_node``, its failing rank's) reserved for it and their attributes
-        put (a sync that fails is raised: the try again syncs what this one committed, pending)."""
-        nodes = sorted(self.nodes.nodes_of(job) | ({failing_node} if failing_node else set()))
+    def _reserve_nodes_of(self, job: Job, failing_node: str, committed: list[float]) -> str:
+        """The job's nodes (and ``failing_node``, its failing rank's) reserved for it and their
+        attributes put (a sync that fails is raised: the try again syncs what this one
+        ``committed``, pending). HOLDS_SYNCING while another invocation's reservation of them
+        is being put by it (within ``SYNC_LEASE_SECONDS``), nothing read but the holds when
+        ``failing_node`` is among them: a large gang's ranks exiting meanwhile, thousands at
+        8,192 tasks, neither read its nodes nor put them again."""
         read = self.data.cordons.worklist()
+        held = {n for n, h in read.holds.items() if h.get("job") == job.job_id}
+        leased_at = None if committed else read.syncing_for(job.job_id)
+        leased = leased_at is not None and clock.now() - leased_at < placement.SYNC_LEASE_SECONDS
+        if leased and failing_node in held:
+            return HOLDS_SYNCING
+        nodes = sorted(self.nodes.nodes_of(job) | ({failing_node} if failing_node else set()))
         changes: dict[str, Mapping[str, Any] | None] = {}
         for node in nodes:
             hold = read.holds.get(node) or {}
             # A node another recovery reserved first stays its own (``reserved_for_another``).
-            if not (hold.get(placement.LENT) or hold.get("job") == job.job_id
+            if not (hold.get(placement.LENT) or node in held
                     or placement.reserved_for_another(hold, job.job_id)):
                 changes[node] = _reserved(job.job_id, hold)
-        if not changes:
-            unsynced = [n for n in nodes if read.pending.get(n)
-                        and (read.holds.get(n) or {}).get("job") == job.job_id]
-            if unsynced:
-                self.cordons.sync_many(unsynced, read)
-            return "holds_unchanged"
-        return self._commit(read, changes, quietly=False)
+        unsynced = [n for n in nodes if n in held and read.pending.get(n)]
+        if changes:  # this invocation puts every pending node of the job's reservation
+            return self._commit(read, changes, quietly=False, syncing_for=job.job_id, committed=committed,
+                                also_sync=unsynced)
+        if leased:
+            return HOLDS_SYNCING
+        if unsynced:
+            self.cordons.sync_many(unsynced, read)
+        return "holds_unchanged"
+
+    def _stop_syncing(self, job_id: str, at: float) -> None:
+        try:
+            self.data.cordons.stop_syncing(job_id, at)
+        except Exception:  # its lease ends in SYNC_LEASE_SECONDS anyway
+            logger.warning("reservation's sync lease not released", exc_info=True, extra={"job_id": job_id})
 
     def reserve(self, job_id: str, nodes: Sequence[str]) -> str:
         """``nodes`` (a relocation's targets, decided) reserved for ``job_id`` now."""

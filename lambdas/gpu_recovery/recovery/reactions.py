@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: a job in recovery's stop, not sent for want of its nodes' reservation, waits this long at most
 RESERVE_FIRST_SECONDS = 180
+#: ``FaultSeen``'s answer when another invocation's reservation of the job's nodes is still
+#: being put (``recovery.placement``): that one sends the job's stop once they are
+HOLDS_SYNCING = "holds_syncing"
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ def reserved_first(reactions: Reactions, job: Job, node: str = "") -> bool:
     node freed unmarked can be taken by another scheduler within seconds (soak seeds 7062 and
     7067 at 6 % of calls failing: the sweep's own refresh failed too)."""
     try:
-        reactions.emit(FaultSeen(job, node))
+        # Another invocation's reservation still being put: that one sends the stop.
+        return reactions.emit(FaultSeen(job, node)) != HOLDS_SYNCING
     except RateLimited:
         # The ECS budget paced the attributes' puts (a large job's nodes, 10 a call): the
         # holds are committed and the sweep goes on with the puts; the stop is not held for that.
@@ -201,4 +205,3 @@ def reserved_first(reactions: Reactions, job: Job, node: str = "") -> bool:
         logger.warning("the job's nodes not reserved: its stop waits for the sweep", exc_info=True,
                        extra={"job_id": job.job_id})
         return False
-    return True

@@ -15,7 +15,9 @@ The same items keep the *holds* (``domain.placement``): the spare and reserved n
 revision ``holds_rev`` and the time of its last change ``holds_at``. A change of holds is a
 conditional write (on the revision) of each shard it touches, all in one transaction, that
 also adds the changed nodes' worklist members, so their attribute follows through the same
-sync; a sync's confirmation is conditional on the revision of the shard it read.
+sync; a sync's confirmation is conditional on the revision of the shard it read. A job's
+reservation also notes who puts it, ``syncing`` (job -> the commit's time, pruned after
+``SYNC_LEASE_SECONDS``): others leave those nodes to that invocation until it is done or gives up.
 
 Why shards: one item was written by every suspect node's transaction of a large fault and
 held every node's hold, so it took an item's 1,000 WCU/s and grew with the cluster (130 KB
@@ -31,6 +33,7 @@ from typing import Any
 from gpu_recovery.constants import CORDON_SYNC_ITEM_KEY, CORDON_SYNC_SHARDS, INSTANCE_PK
 from gpu_recovery.domain.cordon import ECS_APPLIED, ECS_HELD, ECS_PENDING, parse_sync_entry, sync_entry
 from gpu_recovery.domain.models import Instance
+from gpu_recovery.domain.placement import SYNC_LEASE_SECONDS
 from gpu_recovery.domain.shards import stable_shard
 from gpu_recovery.repository.base import Update, from_ddb
 from gpu_recovery.repository.records import instance_from_item
@@ -38,6 +41,7 @@ from gpu_recovery.repository.records import instance_from_item
 _SET = "pending"
 _HOLDS, _REV, _AT = "holds", "holds_rev", "holds_at"
 _REFUSED = "attribute_refused"  # members whose attribute ECS refused (reported once each)
+_SYNCING = "syncing"  # job -> its reservation's commit time, while its committer puts it
 
 
 def cordon_sync_item_key(shard: int) -> str:
@@ -64,9 +68,16 @@ class Worklist:
     holds_ats: dict[int, float] = field(default_factory=dict)  # shard -> holds_at as read
     refused: frozenset[str] = frozenset()  # members whose attribute ECS refused, reported
     where: dict[str, int] = field(default_factory=dict)  # member -> the shard it was read from
+    syncing: dict[int, dict[str, float]] = field(default_factory=dict)  # shard -> job -> commit time
 
     def shard_holds(self, shard: int) -> dict[str, dict[str, Any]]:
         return {n: dict(h) for n, h in self.holds.items() if shard_of(n) == shard}
+
+    def syncing_for(self, job_id: str) -> float | None:
+        """When ``job_id``'s reservation still put by the invocation that committed it was
+        committed (None: none noted, or its committer gave up)."""
+        times = [at for shard in self.syncing.values() if (at := shard.get(job_id)) is not None]
+        return max(times) if times else None
 
 
 class CordonRepository:
@@ -159,10 +170,12 @@ class CordonRepository:
             *(Update(table=self.table, key=self._key(shard), add_to_sets={_REFUSED: found})
               for shard, found in sorted(self._by_shard(members).items())), *also])
 
-    def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float) -> bool:
+    def set_holds(self, read: Worklist, changes: Mapping[str, Mapping[str, Any] | None], now: float,
+                  syncing_for: str = "") -> bool:
         """Apply ``changes`` (node -> new hold, None: released) to the holds read, with the
         changed nodes' worklist members; only if no other change landed since ``read`` on the
-        shards they touch (all of them or none: one transaction)."""
+        shards they touch (all of them or none: one transaction). ``syncing_for``: the job whose
+        reservation this is, put by the caller (``Worklist.syncing_for``)."""
         if not changes:
             return True
         by_shard: dict[int, dict[str, Mapping[str, Any] | None]] = {}
@@ -176,12 +189,29 @@ class CordonRepository:
                     holds.pop(node, None)
                 else:
                     holds[node] = {**hold, "at": now}
+            syncing = {j: at for j, at in read.syncing.get(shard, {}).items()
+                       if now - at < SYNC_LEASE_SECONDS and j != syncing_for}
+            if syncing_for:
+                syncing[syncing_for] = now
             updates.append(self._on_rev(Update(
                 table=self.table, key=self._key(shard),
                 set_fields={"item_type": "CORDON_SYNC", _HOLDS: holds, _REV: read.revs.get(shard, 0) + 1,
-                            _AT: now},
+                            _AT: now, _SYNCING: syncing},
                 add_to_sets={_SET: {sync_entry(node, now) for node in shard_changes}}), read, shard))
         return self.base.db.transact(updates)
+
+    def stop_syncing(self, job_id: str, at: float) -> bool:
+        """``job_id``'s reservation committed at ``at`` is no longer put by its committer (it
+        gave up): others put it now. One conditional write per shard it is on (a shard
+        changed since this read keeps it until its lease ends)."""
+        read = self.worklist()
+        updates = []
+        for shard, syncing in sorted(read.syncing.items()):
+            if abs(syncing.get(job_id, -1.0) - at) < 1e-3:
+                rest = {j: t for j, t in syncing.items() if j != job_id}
+                updates.append(self._on_rev(Update(table=self.table, key=self._key(shard),
+                                                   set_fields={_SYNCING: rest}), read, shard))
+        return bool(updates) and self.base.db.transact(updates)
 
     # ------------------------------------------------------------------- intents
     def confirm_synced(self, node: str, version: float | None, members: Iterable[str], *,
@@ -270,6 +300,7 @@ def worklist_from(items: Iterable[Mapping[str, Any]]) -> Worklist:
     ats: dict[int, float] = {}
     refused: set[str] = set()
     where: dict[str, int] = {}
+    syncing: dict[int, dict[str, float]] = {}
     for item in sorted(items, key=lambda i: _SHARD_OF_KEY.get(str(i.get(INSTANCE_PK)), 0)):
         shard = _SHARD_OF_KEY.get(str(item.get(INSTANCE_PK)))
         if shard is None:
@@ -284,4 +315,5 @@ def worklist_from(items: Iterable[Mapping[str, Any]]) -> Worklist:
         revs[shard] = int(item.get(_REV) or 0)
         ats[shard] = float(item.get(_AT) or 0.0)
         refused |= {str(m) for m in item.get(_REFUSED) or ()}
-    return Worklist(out, holds, revs, ats, frozenset(refused), where)
+        syncing[shard] = {str(j): float(at) for j, at in (item.get(_SYNCING) or {}).items()}
+    return Worklist(out, holds, revs, ats, frozenset(refused), where, syncing)
