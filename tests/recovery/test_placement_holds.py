@@ -248,12 +248,20 @@ def test_a_rank_exiting_on_its_own_after_its_jobs_fault_delivery_died_keeps_its_
 
 
 def test_a_rank_exiting_while_its_jobs_reservation_is_being_put_leaves_it_and_the_stop_to_its_committer(
-        ) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Given a four-node job whose rank 1 fails (exit 1), When rank 0 exits on its own (a second
     suspect) while the fault's invocation is putting the nodes' attributes (its first call),
-    Then rank 0's event puts none of them again and sends no stop: the fault's invocation puts
-    every node once and then stops the ranks still running, every node reserved (2,048 tasks,
-    every node checked: 360 PutAttributes calls repeated the committer's 26; 8,192: 40 s)."""
+    Then rank 0's event puts none of them again and sends no stop, having read only its node's
+    shard of the worklist: the fault's invocation puts every node once and then stops the ranks
+    still running, every node reserved (2,048 tasks, every node checked: 360 PutAttributes
+    calls repeated the committer's 26; 8,192: 40 s)."""
+    from gpu_recovery.repository.cordons import CordonRepository
+
+    reads: list[str] = []
+    for name in ("worklist", "worklist_of"):
+        real = getattr(CordonRepository, name)
+        monkeypatch.setattr(CordonRepository, name,
+                            lambda self, *a, _real=real, _name=name: reads.append(_name) or _real(self, *a))
     nodes = ["node-a", "node-b", "node-c", "node-d"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
@@ -265,14 +273,15 @@ def test_a_rank_exiting_while_its_jobs_reservation_is_being_put_leaves_it_and_th
             if not seen:
                 seen.append(None)
                 w.advance(2)
+                reads.clear()
                 seen.append(w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=1)))
-                seen.append((dict(at_stop), list(w.ecs.hold_calls)))  # asserted below (raised here,
-            return real_put(entries)                                  # it would fail the put)
+                seen.append((dict(at_stop), list(w.ecs.hold_calls), list(reads)))  # asserted below
+            return real_put(entries)  # (raised here, it would fail the put)
 
         w.ecs.put_attributes_many = put_while_a_peer_exits  # type: ignore[method-assign]
         w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert seen[1].action == "health_check_requested"
-        assert seen[2] == ({}, []), "its event left the puts and the stop to the fault's"
+        assert seen[2] == ({}, [], ["worklist_of"]), "its event left the puts and the stop to the fault's"
         assert sorted(n for _, n, _ in w.ecs.hold_calls) == nodes  # each node put once
         assert set(at_stop) == {arns[2], arns[3]}
         assert all(seen == {n: "reserved" for n in nodes} for seen in at_stop.values())

@@ -171,7 +171,7 @@ class PlacementHolds:
         return "holds_changed"
 
     # ------------------------------------------------------------------- a fault
-    def on_fault(self, job: Job, failing_node: str = "") -> str:
+    def on_fault(self, job: Job, failing_node: str = "", *, joining: bool = False) -> str:
         """The invocation that sees a job's fault: its nodes reserved for it at once (before
         its other ranks are stopped and their nodes free), busy or not, one write and one
         sync, tried once more at once when a call fails or another writer raced it (the stops
@@ -180,7 +180,11 @@ class PlacementHolds:
         decided here too (``GangRestart.decide_on_fault``) and the pool refilled. A step that
         fails again is left to the sweep's refresh (the job in recovery is the intent).
         HOLDS_SYNCING when another invocation's reservation is still being put (it sends the
-        job's stop once it is)."""
+        job's stop once it is); ``joining`` (an event of a fault already seen): first asked of
+        ``failing_node``'s worklist shard alone, one item, not the sixteen (thousands of exits
+        of a large gang land while its reservation is being put)."""
+        if joining and failing_node and self._being_put(job.job_id, failing_node):
+            return HOLDS_SYNCING
         committed: list[float] = []
         try:
             reserved = action = twice(partial(self._reserve_nodes_of, job, failing_node, committed),
@@ -226,6 +230,14 @@ class PlacementHolds:
         if unsynced:
             self.cordons.sync_many(unsynced, read)
         return "holds_unchanged"
+
+    def _being_put(self, job_id: str, node: str) -> bool:
+        """``node`` is reserved for ``job_id`` by a reservation its committer still puts, as
+        the node's shard of the worklist says (the committer notes it on the shards it writes)."""
+        shard = self.data.cordons.worklist_of(node)
+        at = shard.syncing_for(job_id)
+        return at is not None and clock.now() - at < placement.SYNC_LEASE_SECONDS \
+            and (shard.holds.get(node) or {}).get("job") == job_id
 
     def _stop_syncing(self, job_id: str, at: float) -> None:
         try:

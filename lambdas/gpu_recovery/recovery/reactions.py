@@ -41,10 +41,13 @@ class FaultSeen:
     notice): its nodes are reserved for it at once, before its other ranks stop and free
     them (``node``: the failing rank's own, when its stop saw the fault: its end is recorded
     after the reservation, and its registration may have missed the latch). Also when a
-    relocation's launch was not sent: its targets, free when chosen, are reserved too."""
+    relocation's launch was not sent: its targets, free when chosen, are reserved too.
+    ``joining``: another event of a fault whose stop is committed and unsent (a rank exiting on
+    its own, a redelivery): the reservation may be being put already."""
 
     job: Job
     node: str = ""
+    joining: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def stop_may_go(reactions: Reactions, job: Job, now: float) -> bool:
         or reserved_first(reactions, job)
 
 
-def reserved_first(reactions: Reactions, job: Job, node: str = "") -> bool:
+def reserved_first(reactions: Reactions, job: Job, node: str = "", *, joining: bool = False) -> bool:
     """A job in recovery: its nodes (and ``node``, its failing rank's) reserved for it
     (``FaultSeen``, tried twice) before its stop frees them. False when that failed: the
     caller leaves the stop to the sweep, which reserves them first (``GangOps.stop_due``), as a
@@ -196,7 +199,7 @@ def reserved_first(reactions: Reactions, job: Job, node: str = "") -> bool:
     7067 at 6 % of calls failing: the sweep's own refresh failed too)."""
     try:
         # Another invocation's reservation still being put: that one sends the stop.
-        return reactions.emit(FaultSeen(job, node)) != HOLDS_SYNCING
+        return reactions.emit(FaultSeen(job, node, joining)) != HOLDS_SYNCING
     except RateLimited:
         # The ECS budget paced the attributes' puts (a large job's nodes, 10 a call): the
         # holds are committed and the sweep goes on with the puts; the stop is not held for that.

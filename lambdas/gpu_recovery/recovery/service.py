@@ -190,7 +190,7 @@ class RecoveryService:
         stage that reacts to it."""
         return [
             # A fault's nodes reserved for its job at once (before its other ranks free them).
-            on(FaultSeen, lambda e: self.placement.on_fault(e.job, e.node)),
+            on(FaultSeen, lambda e: self.placement.on_fault(e.job, e.node, joining=e.joining)),
             # A stopped task's node may be free: a restart waiting for it, a short spare pool.
             on(TaskStopped, lambda e: self.placement.on_task_stopped(e.container_instance_arn, e.job_id)),
             # A rank found STOPPED whose STOPPED event was lost: handled as that event.

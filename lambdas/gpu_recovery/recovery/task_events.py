@@ -415,7 +415,7 @@ class TaskEvents:
         if not job.stop_fanout or job.stop_fanout.get("sent_at"):
             return
         if reserve_for is not None and job.state in RECOVERING_JOB_STATES \
-                and not reserved_first(self.reactions, job, reserve_for):
+                and not reserved_first(self.reactions, job, reserve_for, joining=True):
             return
         try:
             self.gang.stop(job)

@@ -134,6 +134,11 @@ class CordonRepository:
         """Pending members, holds and each shard's revision (one BatchGetItem of the shards)."""
         return worklist_from(self.base.db.batch_get(self.table, self.worklist_keys()))
 
+    def worklist_of(self, node: str) -> Worklist:
+        """The worklist as ``node``'s shard alone says it (one GetItem)."""
+        item = self.base.db.get(self.table, self._key(shard_of(node)))
+        return worklist_from([item] if item else [])
+
     def instances_and_holds(self, nodes: Iterable[str]
                             ) -> tuple[dict[str, Instance], dict[str, dict[str, Any]]]:
         """``nodes``' records and their placement holds, in one BatchGetItem: their instance
