@@ -183,7 +183,8 @@ class PlacementHolds:
         job's stop once it is); ``joining`` (an event of a fault already seen): first asked of
         ``failing_node``'s worklist shard alone, one item, not the sixteen (thousands of exits
         of a large gang land while its reservation is being put)."""
-        if joining and failing_node and self._being_put(job.job_id, failing_node):
+        if joining and failing_node and self.data.cordons.worklist_of(failing_node).being_put(
+                job.job_id, clock.now(), failing_node):
             return HOLDS_SYNCING
         committed: list[float] = []
         try:
@@ -209,8 +210,7 @@ class PlacementHolds:
         8,192 tasks, neither read its nodes nor put them again."""
         read = self.data.cordons.worklist()
         held = {n for n, h in read.holds.items() if h.get("job") == job.job_id}
-        leased_at = None if committed else read.syncing_for(job.job_id)
-        leased = leased_at is not None and clock.now() - leased_at < placement.SYNC_LEASE_SECONDS
+        leased = not committed and read.being_put(job.job_id, clock.now())
         if leased and failing_node in held:
             return HOLDS_SYNCING
         nodes = sorted(self.nodes.nodes_of(job) | ({failing_node} if failing_node else set()))
@@ -230,14 +230,6 @@ class PlacementHolds:
         if unsynced:
             self.cordons.sync_many(unsynced, read)
         return "holds_unchanged"
-
-    def _being_put(self, job_id: str, node: str) -> bool:
-        """``node`` is reserved for ``job_id`` by a reservation its committer still puts, as
-        the node's shard of the worklist says (the committer notes it on the shards it writes)."""
-        shard = self.data.cordons.worklist_of(node)
-        at = shard.syncing_for(job_id)
-        return at is not None and clock.now() - at < placement.SYNC_LEASE_SECONDS \
-            and (shard.holds.get(node) or {}).get("job") == job_id
 
     def _stop_syncing(self, job_id: str, at: float) -> None:
         try:

@@ -79,6 +79,13 @@ class Worklist:
         times = [at for shard in self.syncing.values() if (at := shard.get(job_id)) is not None]
         return max(times) if times else None
 
+    def being_put(self, job_id: str, now: float, node: str = "") -> bool:
+        """``job_id``'s reservation is still put by the invocation that committed it (within
+        ``SYNC_LEASE_SECONDS`` of its commit), and ``node``, if given, is among its holds."""
+        at = self.syncing_for(job_id)
+        return at is not None and now - at < SYNC_LEASE_SECONDS \
+            and (not node or (self.holds.get(node) or {}).get("job") == job_id)
+
 
 class CordonRepository:
     def __init__(self, base: Any) -> None:
