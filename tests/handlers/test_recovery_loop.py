@@ -441,6 +441,41 @@ def test_stopped_event_before_running_event_still_recovers(quiet_cluster: Cluste
     assert cluster.job("late").attempt == 2
 
 
+def test_a_rank_whose_running_and_stopped_events_were_both_lost_is_found_stopped(
+        quiet_cluster: Cluster) -> None:
+    """Given rank 0's RUNNING and STOPPED events are both lost (dead-lettered: the stack never
+    hears of its task), When its GPU fails and its peer's NCCL exit stops the gang, Then the
+    stop finds rank 0 by its tags among the cluster's stopped tasks: registered, its node
+    reserved for the job's recovery with its peer's, its stop handled as its lost event (its
+    node checked), and the job restarts on both nodes. Before, only running tasks were looked
+    up: node-a was free for any scheduler and the job waited in PENDING_HEALTHCHECK for rank
+    0's end (until the health-check backstop failed it)."""
+    cluster = quiet_cluster
+    cluster.sim.add_node("node-a")
+    cluster.sim.add_node("node-b")
+    rule = next(r for r in cluster.bus.rules if r.name == "training-task-state")
+    handler = rule.target
+    lost: list[str] = []
+
+    def losing(event: dict[str, Any], context: Any) -> Any:
+        if event.get("detail", {}).get("taskArn") in lost:
+            return {"dropped": "rank 0's events lost"}
+        return handler(event, context)
+
+    rule.target = losing
+    tasks = cluster.sim.start_job("unseen", cluster.train_td, ["node-a", "node-b"])
+    lost.append(tasks[0])
+    cluster.sim.inject_gpu_fault("node-a", after=MIN, health="reboot_fixable", nccl_cascade=True)
+    cluster.sim.run_for(MIN + 30)
+    node_a = cluster.sim.node("node-a").container_instance_id
+    assert cluster.repo.cordons.worklist().holds.get(node_a, {}).get("job") == "unseen"
+    cluster.sim.run_for(20 * MIN)
+    job = cluster.job("unseen")
+    assert (job.state, job.attempt) == (JobState.RUNNING, 2), (job.state, job.attempt, job.last_error)
+    assert cluster.instance("node-a").state is InstanceState.AVAILABLE
+    assert all(t.node in ("node-a", "node-b") for t in cluster.sim.running_tasks())
+
+
 def _occupy_gpus(cluster: Cluster, node: str) -> str:
     """Another tenant's untagged task takes every free GPU of a node (not a protected job)."""
     from gpu_recovery.adapters import aws

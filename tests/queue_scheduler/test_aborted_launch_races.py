@@ -127,7 +127,7 @@ def test_an_aborted_launchs_stop_scans_no_tasks_and_its_start_intent_is_not_conf
     confirmed: list[str] = []
     record_sent = qc.recovery.gang.fanouts.record_sent
     monkeypatch.setattr(ecs, "start_task", node_taken)
-    monkeypatch.setattr(ecs, "running_tasks_tagged", lambda key, value: scans.append(value) or [])
+    monkeypatch.setattr(ecs, "tasks_tagged", lambda key, value: scans.append(value) or [])
     monkeypatch.setattr(qc.recovery.gang.fanouts, "record_sent", lambda job_, kind, *a: confirmed.append(
         kind) or record_sent(job_, kind, *a))
     [launch] = qc.scheduler().tick().launches

@@ -223,7 +223,7 @@ class FakeEcs:
         """The node's placement attribute (``gpu-recovery.unavailable``): its value, or None."""
         return self.attribute_values.get(node, {}).get(UNAVAILABLE_ATTRIBUTE)
 
-    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
+    def tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
         self.tag_lookups += 1
         tag = {"key": tag_key, "value": tag_value}
         return [t for t in self.tagged_tasks if tag in t["tags"]]

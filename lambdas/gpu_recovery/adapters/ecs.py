@@ -241,25 +241,28 @@ class EcsAdapter:
         return next((task for task in (self.describe_tasks(arns) if arns else ())
                      if task.get("startedBy") == wanted), None)
 
-    def running_tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
-        """Running tasks of the cluster carrying a tag (ListTasks + DescribeTasks with TAGS).
+    def tasks_tagged(self, tag_key: str, tag_value: str) -> list[dict[str, Any]]:
+        """The cluster's tasks carrying a tag, running or recently stopped (ECS lists a stopped
+        task for about an hour): ListTasks by desired status + DescribeTasks with TAGS.
 
-        Costs one DescribeTasks per 100 running tasks: used only on the rare path where
-        a rank's RUNNING event never arrived, never per event.
+        Costs one DescribeTasks per 100 tasks listed: used only on the rare path where a
+        rank's RUNNING event never arrived, never per event. A stopped one is a rank whose
+        STOPPED event may be lost too: its node is still the job's.
         """
         found: list[dict[str, Any]] = []
         paginator = self._ecs.get_paginator("list_tasks")
-        for page in paginator.paginate(cluster=self.cluster, desiredStatus="RUNNING"):
-            arns = page.get("taskArns", [])
-            for start in range(0, len(arns), 100):
-                response = self._ecs.describe_tasks(
-                    cluster=self.cluster, tasks=arns[start : start + 100], include=["TAGS"]
-                )
-                _unexpected_failures("DescribeTasks", response)  # MISSING: stopped and gone since
-                for task in response.get("tasks", []):
-                    tags = {t.get("key"): t.get("value") for t in task.get("tags", [])}
-                    if tags.get(tag_key) == tag_value:
-                        found.append(task)
+        for status in ("RUNNING", "STOPPED"):
+            for page in paginator.paginate(cluster=self.cluster, desiredStatus=status):
+                arns = page.get("taskArns", [])
+                for start in range(0, len(arns), 100):
+                    response = self._ecs.describe_tasks(
+                        cluster=self.cluster, tasks=arns[start : start + 100], include=["TAGS"]
+                    )
+                    _unexpected_failures("DescribeTasks", response)  # MISSING: stopped and gone since
+                    for task in response.get("tasks", []):
+                        tags = {t.get("key"): t.get("value") for t in task.get("tags", [])}
+                        if tags.get(tag_key) == tag_value:
+                            found.append(task)
         return found
 
     def describe_container_instance(self, container_instance: str) -> dict[str, Any] | None:

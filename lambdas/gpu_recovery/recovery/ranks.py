@@ -505,25 +505,31 @@ class RankOperations:
         return Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size)
 
     def register_missing(self, job: Job) -> list[int]:
-        """Ranks whose RUNNING event never arrived, found running by their tags and registered
-        (so they are stopped and restarted too; a job in recovery has their nodes reserved
-        with its own first: its fault did not know them, and their stop frees them). Costs a
-        ListTasks and a DescribeTasks per 100 tasks of the cluster: only when the attempt's
+        """Ranks whose RUNNING event never arrived, found by their tags, running or stopped,
+        and registered (so they are stopped and restarted too; a job in recovery has their
+        nodes reserved with its own first: its fault did not know them, and their stop frees
+        them). A rank found stopped may have lost its STOPPED event too (soak seed 7157: a
+        rank's fault whose two events were dead-lettered, its node free for another job's
+        rank 19 s later): its node is reserved all the same, and the stop's next round finds it
+        STOPPED and handles it as that event (``recovery.lost_stop_events``). Costs a ListTasks
+        per status and a DescribeTasks per 100 tasks of the cluster: only when the attempt's
         registered latch is incomplete."""
         repo = self.data
         if self.all_registered(job):
             return []
         known = repo.latches.registered(job.job_id, job.attempt, job.world_size)
         found = []
-        for task in self.ecs.running_tasks_tagged(TAG_JOB_ID, job.job_id):
+        for task in self.ecs.tasks_tagged(TAG_JOB_ID, job.job_id):
             try:
                 reg = registration_from_tags(task, task.get("tags", []))
             except NotProtected:
                 continue
-            if reg.rank not in known and reg.attempt == job.attempt:
-                logger.info("registering a rank found running", extra={
-                    "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn})
+            if reg.rank not in known and reg.attempt == job.attempt:  # a running task first
+                logger.info("registering a rank found by its tags", extra={
+                    "job_id": job.job_id, "rank": reg.rank, "task": reg.task_arn,
+                    "last_status": task.get("lastStatus")})
                 self.register_rank(reg)
+                known.add(reg.rank)
                 found.append(reg.rank)
         if found and job.state in RECOVERING_JOB_STATES:
             after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
