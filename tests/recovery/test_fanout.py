@@ -461,6 +461,42 @@ def test_a_rank_that_never_registered_is_found_by_its_tags_and_stopped() -> None
         assert w.repo.jobs.get_job("big").tally.total == 1
 
 
+def test_a_rank_found_by_its_tags_whose_node_is_not_reserved_holds_the_stop_for_the_sweep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given rank 7's RUNNING event was lost, When a fault stops the gang and the reservation of
+    rank 7's node (found by its tags) fails twice, Then no rank is stopped (a stop would free
+    rank 7's node unmarked: any scheduler could take it); the sweep's stop a minute on reserves
+    it first, then stops every rank. Before, the failed reservation was logged and the stop went
+    out, rank 7's node free and unmarked."""
+    from gpu_recovery.repository.cordons import CordonRepository
+
+    failing = {"on": True}
+    set_holds = CordonRepository.set_holds
+
+    def throttled_for_node_7(self: CordonRepository, read: Any, changes: Any, *args: Any, **kw: Any) -> Any:
+        if failing["on"] and "node-007" in changes:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "TransactWriteItems")
+        return set_holds(self, read, changes, *args, **kw)
+
+    monkeypatch.setattr(CordonRepository, "set_holds", throttled_for_node_7)
+    with world(gang_queue=True) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        lost = w.lose_registration("big", 7, nodes[7], world_size=WORLD)
+        at_stop = w.unavailable_at_stop(nodes[7:8])
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        assert w.ecs.tag_lookups == 1 and w.ecs.stop_calls == []
+        assert w.repo.jobs.get_rank("big", 7) is not None  # registered: the sweep finds it so
+        failing["on"] = False
+        w.advance(60)
+        w.service.sweep()
+        w.drain_queue()
+        assert lost in w.ecs.stop_calls and len(set(w.ecs.stop_calls)) == WORLD - 1
+        assert all(seen[nodes[7]] for seen in at_stop.values())  # reserved before any stop
+
+
 def _lose_verdicts(w: World, nodes: list[str]) -> None:
     """Every running DCGM check ends, its STOPPED event lost (or its verdict gave up)."""
     for node in nodes:

@@ -192,11 +192,11 @@ class GangOps:
             if not look_up_missing:
                 if not self.ranks.all_registered(job):
                     return Dispatched(False)
-            elif not self.launch_cut_short(job, attempt):
-                # A rank never registered could not be stopped. Not for a launch cut short: its
-                # rank started and not registered is found by its lease (``end_aborted_launch``),
-                # with no scan of the cluster's tasks.
-                self.ranks.register_missing(job)
+            elif not self.launch_cut_short(job, attempt) and not self.ranks.register_missing(job):
+                # A rank never registered could not be stopped: found by its tags, and no stop until
+                # its node is reserved. Not for a launch cut short: its rank started and not
+                # registered is found by its lease (``end_aborted_launch``), with no scan of tasks.
+                return Dispatched(False)
         # A suspension's ranks stay watched while asked to stop (``heartbeat.escalation``).
         work = batches(STOP, job.job_id, attempt, job.world_size, why=why, round_=round_,
                        remediation=remediation, watch=job.state is JobState.SUSPENDING)

@@ -50,8 +50,8 @@ from gpu_recovery.domain.task_network import NetworkError, awsvpc_configuration,
 from gpu_recovery.events.ecs import EcsTaskDetail
 from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.notices import Notices
-from gpu_recovery.recovery.ports import EcsPort, MetricsPort, after_commit
-from gpu_recovery.recovery.reactions import FaultSeen, Reactions
+from gpu_recovery.recovery.ports import EcsPort, MetricsPort
+from gpu_recovery.recovery.reactions import Reactions, reserved_first
 from gpu_recovery.recovery.task_convention import container_environment, convention_job_id, convention_rank
 from gpu_recovery.recovery.task_refusals import (
     NetworkUnknown,
@@ -504,7 +504,7 @@ class RankOperations:
         """Every rank of the job's attempt registered (its registered latch complete)."""
         return Latch.REGISTERED in self.data.latches.complete(job.job_id, job.attempt, job.world_size)
 
-    def register_missing(self, job: Job) -> list[int]:
+    def register_missing(self, job: Job) -> bool:
         """Ranks whose RUNNING event never arrived, found by their tags, running or stopped,
         and registered (so they are stopped and restarted too; a job in recovery has their
         nodes reserved with its own first: its fault did not know them, and their stop frees
@@ -513,10 +513,11 @@ class RankOperations:
         rank 19 s later): its node is reserved all the same, and the stop's next round finds it
         STOPPED and handles it as that event (``recovery.lost_stop_events``). Costs a ListTasks
         per status and a DescribeTasks per 100 tasks of the cluster: only when the attempt's
-        registered latch is incomplete."""
+        registered latch is incomplete. False when a job in recovery had ranks found whose nodes
+        could not be reserved: its stop waits."""
         repo = self.data
         if self.all_registered(job):
-            return []
+            return True
         known = repo.latches.registered(job.job_id, job.attempt, job.world_size)
         found = []
         for task in self.ecs.tasks_tagged(TAG_JOB_ID, job.job_id):
@@ -531,9 +532,9 @@ class RankOperations:
                 self.register_rank(reg)
                 known.add(reg.rank)
                 found.append(reg.rank)
-        if found and job.state in RECOVERING_JOB_STATES:
-            after_commit("reserve the job's nodes", self.reactions.emit, FaultSeen(job))
-        return found
+        # Their nodes reserved before the stop frees them, or no stop yet (the sweep's reserves
+        # first, then finds them registered): as for the fault's own (``reserved_first``).
+        return not found or job.state not in RECOVERING_JOB_STATES or reserved_first(self.reactions, job)
 
     def refuse(self, refused: Refused) -> None:
         """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""
