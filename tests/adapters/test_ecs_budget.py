@@ -30,6 +30,18 @@ class _Store:
         return decided
 
 
+def _budget_item() -> tuple[Any, Any]:
+    """The in-memory DynamoDB (its meter counts the calls) and the repository's budget item."""
+    from gpu_recovery import constants as C
+    from gpu_recovery.repository import Repository
+    from gpu_recovery.repository.rate_limit import RateLimitRepository
+    from local_mode.sim.dynamo import MemoryDynamo
+
+    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
+    db = MemoryDynamo({jobs: "job", instances: "instance"})
+    return db, RateLimitRepository(Repository(db, jobs, instances).tables)
+
+
 @pytest.fixture
 def now() -> Iterator[list[float]]:
     t = [1000.0]
@@ -71,14 +83,7 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
     """The repository's reservation ahead against the in-memory DynamoDB: a TAT moved by an
     atomic ADD (no read first) while the turn is within reach; one further off is refused
     with its wait, the item unchanged."""
-    from gpu_recovery import constants as C
-    from gpu_recovery.repository import Repository
-    from gpu_recovery.repository.rate_limit import RateLimitRepository
-    from local_mode.sim.dynamo import MemoryDynamo
-
-    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
-    db = MemoryDynamo({jobs: "job", instances: "instance"})
-    store = RateLimitRepository(Repository(db, jobs, instances).tables)
+    db, store = _budget_item()
     bucket = TokenBucket(rate=4, burst=2)
     waits = [store.reserve(1, bucket, 1000.0, 1.0) for _ in range(6)]
     assert all(w.granted for w in waits)
@@ -89,7 +94,7 @@ def test_the_budget_item_serves_a_burst_in_turn_with_one_write_each(now: list[fl
     assert db.meter.total.calls["GetItem"] == 1  # the refusal's read only
     # A caller that does not take a turn reads the TAT the ADDs left (more digits than a
     # float: steps of 1/36 s on an epoch time) and moves it from there once its token is due.
-    other = RateLimitRepository(Repository(db, jobs, instances).tables, "RATE#test-mixed")
+    other = type(store)(store.base, "RATE#test-mixed")
     account = TokenBucket(rate=36, burst=3)
     t0 = 1_800_000_000.1
     assert all(other.reserve(1, account, t0, 5.0).granted for _ in range(20))
@@ -146,15 +151,8 @@ def test_callers_without_a_turn_of_their_own_reserve_ahead_and_never_poll_the_it
     Then each is served in turn at the bucket's rate with one write of the item (two for the
     first: no item yet), none reads it, and the seventh is refused after one read, the item
     unchanged: a thousand-rank stop's workers once polled it ~700 times a rank."""
-    from gpu_recovery import constants as C
-    from gpu_recovery.repository import Repository
-    from gpu_recovery.repository.rate_limit import RateLimitRepository
-    from local_mode.sim.dynamo import MemoryDynamo
-
-    jobs, instances = C.DEFAULT_JOB_TABLE_NAME, C.DEFAULT_INSTANCE_TABLE_NAME
-    db = MemoryDynamo({jobs: "job", instances: "instance"})
-    budget = EcsCallBudget(RateLimitRepository(Repository(db, jobs, instances).tables),
-                           TokenBucket(rate=4, burst=2), max_wait_seconds=1.0)
+    db, store = _budget_item()
+    budget = EcsCallBudget(store, TokenBucket(rate=4, burst=2), max_wait_seconds=1.0)
     called_at = []
     for _ in range(6):
         now[0] = 1000.0 + budget.waited_seconds  # each as if it had come at 1000.0
