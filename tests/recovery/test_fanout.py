@@ -497,6 +497,24 @@ def test_a_rank_found_by_its_tags_whose_node_is_not_reserved_holds_the_stop_for_
         assert all(seen[nodes[7]] for seen in at_stop.values())  # reserved before any stop
 
 
+def test_a_rank_found_by_its_tags_on_a_node_its_peers_hold_is_stopped_with_them_at_once() -> None:
+    """Given two ranks a node and rank 7's RUNNING event lost (rank 6, on the same node, known),
+    When a fault stops the gang, Then rank 7 is found by its tags and stopped with the others by
+    the same invocation: its node was in the reservation this invocation just put (its own note
+    that it puts it does not hold its own stop back for the sweep)."""
+    with world(gang_queue=True) as w:
+        nodes = [f"node-{i // 2:03d}" for i in range(WORLD)]
+        arns = w.register_job("big", nodes)
+        lost = w.lose_registration("big", 7, nodes[7], world_size=WORLD)
+        w.repo.tables.db.table(w.repo.tables.job_table_name).update_item(  # rank 6's node, known
+            Key={C.JOB_PK: C.latch_shard_key("big", 1, 0)}, UpdateExpression="ADD #n :node",
+            ExpressionAttributeNames={"#n": "nodes"}, ExpressionAttributeValues={":node": {nodes[6]}})
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        w.drain_queue()
+        assert w.ecs.tag_lookups == 1 and lost in w.ecs.stop_calls
+        assert len(set(w.ecs.stop_calls)) == WORLD - 1
+
+
 def _lose_verdicts(w: World, nodes: list[str]) -> None:
     """Every running DCGM check ends, its STOPPED event lost (or its verdict gave up)."""
     for node in nodes:

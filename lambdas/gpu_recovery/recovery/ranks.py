@@ -534,7 +534,8 @@ class RankOperations:
                 found.append(reg.rank)
         # Their nodes reserved before the stop frees them, or no stop yet (the sweep's reserves
         # first, then finds them registered): as for the fault's own (``reserved_first``).
-        return not found or job.state not in RECOVERING_JOB_STATES or reserved_first(self.reactions, job)
+        return not found or job.state not in RECOVERING_JOB_STATES \
+            or reserved_first(self.reactions, job, sending=True)
 
     def refuse(self, refused: Refused) -> None:
         """A job the loop cannot protect: a WARNING every time, a metric and an e-mail once."""

@@ -191,15 +191,17 @@ def stop_may_go(reactions: Reactions, job: Job, now: float) -> bool:
         or reserved_first(reactions, job)
 
 
-def reserved_first(reactions: Reactions, job: Job, node: str = "", *, joining: bool = False) -> bool:
+def reserved_first(reactions: Reactions, job: Job, node: str = "", *, joining: bool = False,
+                   sending: bool = False) -> bool:
     """A job in recovery: its nodes (and ``node``, its failing rank's) reserved for it
     (``FaultSeen``, tried twice) before its stop frees them. False when that failed: the
     caller leaves the stop to the sweep, which reserves them first (``GangOps.stop_due``), as a
     node freed unmarked can be taken by another scheduler within seconds (soak seeds 7062 and
-    7067 at 6 % of calls failing: the sweep's own refresh failed too)."""
+    7067 at 6 % of calls failing: the sweep's own refresh failed too). ``sending``: the caller
+    is sending the stop already (a rank found by its tags joins it), whoever puts the holds."""
     try:
         # Another invocation's reservation still being put: that one sends the stop.
-        return reactions.emit(FaultSeen(job, node, joining)) != HOLDS_SYNCING
+        return reactions.emit(FaultSeen(job, node, joining)) != HOLDS_SYNCING or sending
     except RateLimited:
         # The ECS budget paced the attributes' puts (a large job's nodes, 10 a call): the
         # holds are committed and the sweep goes on with the puts; the stop is not held for that.
