@@ -23,7 +23,8 @@ from gpu_recovery.recovery.fanout_send import RESEND_AFTER_SECONDS, SEND_CLAIM_S
 from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, RECHECK_SECONDS
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
-from tests.recovery.fakes import FakeTask, LostResponse, World, world
+from gpu_recovery.repository.latches import LatchRepository
+from tests.recovery.fakes import FakeTask, LostResponse, World, throttled, world
 
 WORLD = 40  # > INLINE_MAX_RANKS: batches go through the queue
 
@@ -513,6 +514,37 @@ def test_a_rank_found_by_its_tags_on_a_node_its_peers_hold_is_stopped_with_them_
         w.drain_queue()
         assert w.ecs.tag_lookups == 1 and lost in w.ecs.stop_calls
         assert len(set(w.ecs.stop_calls)) == WORLD - 1
+
+
+def test_a_rank_never_registered_and_stopped_is_found_when_its_lookup_fails_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given rank 7's RUNNING and STOPPED events both lost (its task stopped), When a fault stops
+    the gang and the lookup's first read fails (throttled), Then it is tried again at once: rank
+    7 is found among the stopped tasks, its node reserved before any rank is stopped, and the
+    stop goes out in the same invocation, not a minute later at the sweep (soak seed 7157: the
+    scheduler took the node 14 s after such a failure)."""
+    with world(gang_queue=True) as w:
+        nodes = _nodes(WORLD)
+        arns = w.register_job("big", nodes)
+        lost = w.lose_registration("big", 7, nodes[7], world_size=WORLD)
+        w.ecs.tasks[lost].last_status = "STOPPED"
+        w.ecs.tagged_tasks[-1]["lastStatus"] = "STOPPED"
+        at_stop = w.unavailable_at_stop(nodes[7:8])
+        registered, failed = LatchRepository.registered, []
+
+        def throttled_once(self: LatchRepository, *args: Any) -> Any:
+            if not failed:
+                failed.append(True)
+                raise throttled("BatchGetItem")
+            return registered(self, *args)
+
+        monkeypatch.setattr(LatchRepository, "registered", throttled_once)
+        w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
+        assert failed  # the lookup's first read throttled
+        w.drain_queue()
+        assert w.repo.jobs.get_rank("big", 7) is not None and w.ecs.tag_lookups == 1
+        assert len(set(w.ecs.stop_calls)) >= WORLD - 2 and at_stop
+        assert all(seen[nodes[7]] for seen in at_stop.values())  # reserved before any stop
 
 
 def _lose_verdicts(w: World, nodes: list[str]) -> None:

@@ -514,7 +514,12 @@ class RankOperations:
         STOPPED and handles it as that event (``recovery.lost_stop_events``). Costs a ListTasks
         per status and a DescribeTasks per 100 tasks of the cluster: only when the attempt's
         registered latch is incomplete. False when a job in recovery had ranks found whose nodes
-        could not be reserved: its stop waits."""
+        could not be reserved: its stop waits. Tried again at once when a call fails: a stopped
+        rank's node is free now, and the sweep's minute comes too late (soak seed 7157: the
+        latch's read throttled, another job's rank on that node 14 s later)."""
+        return twice(lambda: self._register_missing(job))
+
+    def _register_missing(self, job: Job) -> bool:
         repo = self.data
         if self.all_registered(job):
             return True
