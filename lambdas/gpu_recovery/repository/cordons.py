@@ -73,17 +73,12 @@ class Worklist:
     def shard_holds(self, shard: int) -> dict[str, dict[str, Any]]:
         return {n: dict(h) for n, h in self.holds.items() if shard_of(n) == shard}
 
-    def syncing_for(self, job_id: str) -> float | None:
-        """When ``job_id``'s reservation still put by the invocation that committed it was
-        committed (None: none noted, or its committer gave up)."""
-        times = [at for shard in self.syncing.values() if (at := shard.get(job_id)) is not None]
-        return max(times) if times else None
-
     def being_put(self, job_id: str, now: float, node: str = "") -> bool:
-        """``job_id``'s reservation is still put by the invocation that committed it (within
-        ``SYNC_LEASE_SECONDS`` of its commit), and ``node``, if given, is among its holds."""
-        at = self.syncing_for(job_id)
-        return at is not None and now - at < SYNC_LEASE_SECONDS \
+        """``job_id``'s reservation is still put by the invocation that committed it (its note
+        within ``SYNC_LEASE_SECONDS`` of the commit; none once its committer gave it back), and
+        ``node``, if given, is among its holds."""
+        times = [at for shard in self.syncing.values() if (at := shard.get(job_id)) is not None]
+        return bool(times) and now - max(times) < SYNC_LEASE_SECONDS \
             and (not node or (self.holds.get(node) or {}).get("job") == job_id)
 
 
@@ -187,7 +182,7 @@ class CordonRepository:
         """Apply ``changes`` (node -> new hold, None: released) to the holds read, with the
         changed nodes' worklist members; only if no other change landed since ``read`` on the
         shards they touch (all of them or none: one transaction). ``syncing_for``: the job whose
-        reservation this is, put by the caller (``Worklist.syncing_for``)."""
+        reservation this is, put by the caller (``Worklist.being_put``)."""
         if not changes:
             return True
         by_shard: dict[int, dict[str, Mapping[str, Any] | None]] = {}
