@@ -13,7 +13,9 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.recovery.reactions import RESERVE_FIRST_SECONDS
 from gpu_recovery.repository.base import Update
-from tests.recovery.fakes import LostResponse, World, world
+from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
+from gpu_recovery.repository.rank_events import RankEventRepository
+from tests.recovery.fakes import LostResponse, World, throttled, world
 
 
 def _value(w: World, node: str) -> str | None:
@@ -211,6 +213,38 @@ def test_a_fault_whose_first_delivery_died_after_its_commit_is_reserved_before_i
             w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=exit_code))
         else:
             w.service.report_suspected_fault("j", 1, "node-a", "rank 0 hung at step 7", 0)
+        assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
+
+
+def test_a_faults_read_after_its_commit_that_fails_once_is_tried_again_before_the_nodes_are_freed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a two-node job whose rank 1 fails (exit 1), When the fault is committed (the job in
+    recovery) and the job's read that follows it is throttled, Then the same delivery reads it
+    again at once: both nodes reserved before the stop frees node-a, and no failure left for a
+    redelivery a minute on (soak seed 7207: the delivery died there, and the peer's node, freed
+    by its own NCCL exit, was taken by another job 53 s later)."""
+    nodes = ["node-a", "node-b"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        get_job, enter_recovery = JobsAndRanks.get_job, RankEventRepository.enter_recovery
+        failed: list[str] = []
+
+        def committed(self: RankEventRepository, *args: Any, **kwargs: Any) -> bool:
+            failed.append("committed")
+            return enter_recovery(self, *args, **kwargs)
+
+        def throttled_after_the_commit(self: JobsAndRanks, job_id: str) -> Any:
+            if failed == ["committed"]:
+                failed.append("throttled")
+                raise throttled("GetItem")
+            return get_job(self, job_id)
+
+        monkeypatch.setattr(RankEventRepository, "enter_recovery", committed)
+        monkeypatch.setattr(JobsAndRanks, "get_job", throttled_after_the_commit)
+        at_stop = w.unavailable_at_stop(nodes)
+        outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert failed == ["committed", "throttled"], "the premise: the read after the commit failed"
+        assert outcome.action == "health_check_requested"
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 
 

@@ -41,6 +41,7 @@ from gpu_recovery.domain.states import (
     RankState,
 )
 from gpu_recovery.events.ecs import EcsTaskDetail
+from gpu_recovery.once_more import twice
 from gpu_recovery.recovery.fault_suspects import FaultSuspects
 from gpu_recovery.recovery.gang import GangOps
 from gpu_recovery.recovery.gang_restart import GangRestart
@@ -61,13 +62,9 @@ from gpu_recovery.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-_RANK_STATE_FOR = {
-    StopKind.SUCCEEDED: RankState.DONE,
-    StopKind.STOPPED_BY_SYSTEM: RankState.STOPPED,
-    StopKind.STOPPED_BY_USER: RankState.STOPPED,
-    StopKind.SUSPECTED_GPU_FAULT: RankState.FAILED,
-    StopKind.FAILED: RankState.FAILED,
-}
+_RANK_STATE_FOR = {StopKind.SUCCEEDED: RankState.DONE, StopKind.STOPPED_BY_SYSTEM: RankState.STOPPED,
+                   StopKind.STOPPED_BY_USER: RankState.STOPPED, StopKind.FAILED: RankState.FAILED,
+                   StopKind.SUSPECTED_GPU_FAULT: RankState.FAILED}
 _ENDING_REASON = {JobState.USER_STOPPED: "job stopped by a user", JobState.FAILED: "job failed",
                   JobState.CANCELED: "job canceled", JobState.COMPLETE: "job complete"}
 _WRITE_ROUNDS = 3  # a lost race re-reads and decides again; a third loss means "moved on"
@@ -370,7 +367,10 @@ class TaskEvents:
         wrote: the job goes on as read (its reaction was decided on that read), except where any
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
         rank_only = written is not None and not self.settings.check_all_nodes_on_fault
-        fresh, written = (job, written) if rank_only else (self.data.jobs.get_job(job.job_id) or job, None)
+        # Read after the commit, tried twice: a delivery dying here leaves the fault's nodes
+        # unreserved until its redelivery a minute on (soak seed 7207: a peer's node taken).
+        fresh = job if rank_only else twice(lambda: self.data.jobs.get_job(job.job_id)) or job
+        written = written if rank_only else None
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
                 and not assessment.node_fault:
             self._remember_on_node(fresh, rank, assessment)
