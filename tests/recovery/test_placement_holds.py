@@ -15,6 +15,7 @@ from gpu_recovery.recovery.reactions import RESERVE_FIRST_SECONDS
 from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 from gpu_recovery.repository.rank_events import RankEventRepository
+from gpu_recovery.repository.registrations import RegistrationRepository
 from tests.recovery.fakes import LostResponse, World, throttled, world
 
 
@@ -244,6 +245,31 @@ def test_a_faults_read_after_its_commit_that_fails_once_is_tried_again_before_th
         at_stop = w.unavailable_at_stop(nodes)
         outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert failed == ["committed", "throttled"], "the premise: the read after the commit failed"
+        assert outcome.action == "health_check_requested"
+        assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
+
+
+def test_a_faults_rank_lookup_that_fails_once_is_tried_again_before_its_freed_node_goes_unreserved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a two-node job, When rank 1 fails (exit 1) and the first read of its event's
+    delivery (its rank's) is throttled, Then the delivery looks it up again at once: the fault is
+    handled, both nodes reserved before the stop frees node-a, and node-b (freed by the failed
+    rank itself) is not left unmarked until the event's redelivery a minute on."""
+    nodes = ["node-a", "node-b"]
+    with world(max_app_restarts=1) as w:
+        arns = w.register_job("j", nodes)
+        look_up_task, failed = RegistrationRepository.look_up_task, []
+
+        def throttled_once(self: RegistrationRepository, task_arn: str) -> Any:
+            if not failed:
+                failed.append("throttled")
+                raise throttled("Query")
+            return look_up_task(self, task_arn)
+
+        monkeypatch.setattr(RegistrationRepository, "look_up_task", throttled_once)
+        at_stop = w.unavailable_at_stop(nodes)
+        outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
+        assert failed, "the premise: the rank's read failed"
         assert outcome.action == "health_check_requested"
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 

@@ -103,13 +103,14 @@ class TaskEvents:
     reactions: Reactions = field(default_factory=Reactions)
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
-        """``known``: the task's rank, found by the tag lookup worker."""
+        """``known``: the task's rank, found by the tag lookup worker. Its lookup is tried again
+        at once when a call fails: a rank's fault dying there leaves its freed node unreserved."""
         if detail.group.startswith(HEALTH_CHECK_GROUP):
             return Outcome("ignored", detail={"why": "health-check task"})
         if detail.lastStatus not in ("RUNNING", "STOPPED"):
             return Outcome("ignored", detail={"why": f"lastStatus {detail.lastStatus}"})
         try:
-            rank = known or self.ranks.rank_for_task(detail)
+            rank = known or twice(lambda: self.ranks.rank_for_task(detail))
         except LookupQueued:
             self._node_may_be_free(detail, None)
             return Outcome("lookup_queued", detail={"task": detail.taskArn})
