@@ -95,6 +95,23 @@ def throttled(operation: str) -> Exception:
                         "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
 
 
+def throttle_once(patch: Any, owner: type, name: str, operation: str,
+                  armed: Callable[[], bool] = lambda: True) -> list[str]:
+    """The first call of ``owner.name`` made while ``armed()`` holds raises ``operation``'s
+    throttle (nothing done); every other call does what it did. ``patch`` is pytest's
+    monkeypatch; the list returned holds the operation once the throttle was raised."""
+    real, thrown = getattr(owner, name), []
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not thrown and armed():
+            thrown.append(operation)
+            raise throttled(operation)
+        return real(self, *args, **kwargs)
+
+    patch.setattr(owner, name, broken)
+    return thrown
+
+
 class CountedCalls:
     """Counts calls of some methods of an object (a repository's reads, say), by name, in
     order; each still does what it did."""

@@ -24,7 +24,7 @@ from gpu_recovery.recovery.gang import MAX_STOP_ROUNDS, REASK_AFTER_SECONDS, REC
 from gpu_recovery.recovery.node_tasks import HEALTH_CHECK_POLL_SECONDS
 from gpu_recovery.recovery.ranks import registration_from_tags
 from gpu_recovery.repository.latches import LatchRepository
-from tests.recovery.fakes import FakeTask, LostResponse, World, throttled, world
+from tests.recovery.fakes import FakeTask, LostResponse, World, throttle_once, world
 
 WORLD = 40  # > INLINE_MAX_RANKS: batches go through the queue
 
@@ -530,15 +530,7 @@ def test_a_rank_never_registered_and_stopped_is_found_when_its_lookup_fails_once
         w.ecs.tasks[lost].last_status = "STOPPED"
         w.ecs.tagged_tasks[-1]["lastStatus"] = "STOPPED"
         at_stop = w.unavailable_at_stop(nodes[7:8])
-        registered, failed = LatchRepository.registered, []
-
-        def throttled_once(self: LatchRepository, *args: Any) -> Any:
-            if not failed:
-                failed.append(True)
-                raise throttled("BatchGetItem")
-            return registered(self, *args)
-
-        monkeypatch.setattr(LatchRepository, "registered", throttled_once)
+        failed = throttle_once(monkeypatch, LatchRepository, "registered", "BatchGetItem")
         w.service.on_task_state_change(w.task_stopped(arns[-1], exit_code=1))
         assert failed  # the lookup's first read throttled
         w.drain_queue()

@@ -16,7 +16,7 @@ from gpu_recovery.repository.base import Update
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
-from tests.recovery.fakes import LostResponse, World, throttled, world
+from tests.recovery.fakes import LostResponse, World, throttle_once, world
 
 
 def _value(w: World, node: str) -> str | None:
@@ -227,24 +227,17 @@ def test_a_faults_read_after_its_commit_that_fails_once_is_tried_again_before_th
     nodes = ["node-a", "node-b"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
-        get_job, enter_recovery = JobsAndRanks.get_job, RankEventRepository.enter_recovery
-        failed: list[str] = []
+        enter_recovery, committed = RankEventRepository.enter_recovery, []
 
-        def committed(self: RankEventRepository, *args: Any, **kwargs: Any) -> bool:
-            failed.append("committed")
+        def committing(self: RankEventRepository, *args: Any, **kwargs: Any) -> bool:
+            committed.append(True)
             return enter_recovery(self, *args, **kwargs)
 
-        def throttled_after_the_commit(self: JobsAndRanks, job_id: str) -> Any:
-            if failed == ["committed"]:
-                failed.append("throttled")
-                raise throttled("GetItem")
-            return get_job(self, job_id)
-
-        monkeypatch.setattr(RankEventRepository, "enter_recovery", committed)
-        monkeypatch.setattr(JobsAndRanks, "get_job", throttled_after_the_commit)
+        monkeypatch.setattr(RankEventRepository, "enter_recovery", committing)
+        failed = throttle_once(monkeypatch, JobsAndRanks, "get_job", "GetItem", lambda: bool(committed))
         at_stop = w.unavailable_at_stop(nodes)
         outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        assert failed == ["committed", "throttled"], "the premise: the read after the commit failed"
+        assert committed and failed, "the premise: the read after the commit failed"
         assert outcome.action == "health_check_requested"
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 
@@ -258,15 +251,7 @@ def test_a_faults_rank_lookup_that_fails_once_is_tried_again_before_its_freed_no
     nodes = ["node-a", "node-b"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
-        look_up_task, failed = RegistrationRepository.look_up_task, []
-
-        def throttled_once(self: RegistrationRepository, task_arn: str) -> Any:
-            if not failed:
-                failed.append("throttled")
-                raise throttled("Query")
-            return look_up_task(self, task_arn)
-
-        monkeypatch.setattr(RegistrationRepository, "look_up_task", throttled_once)
+        failed = throttle_once(monkeypatch, RegistrationRepository, "look_up_task", "Query")
         at_stop = w.unavailable_at_stop(nodes)
         outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert failed, "the premise: the rank's read failed"
