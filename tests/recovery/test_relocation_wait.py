@@ -4,9 +4,11 @@ the node that frees for the job, and fails the job with its reason at its deadli
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_recovery import constants as C
 from gpu_recovery.constants import JobState
-from tests.recovery.fakes import World, world
+from tests.recovery.fakes import FakeEcs, World, throttle_once, world
 
 FAULTY, PEER, OTHER = "node-b", "node-a", "node-c"
 RELOCATABLE = {C.TAG_RELOCATABLE: "true"}
@@ -70,6 +72,27 @@ def test_with_no_free_node_the_job_waits_and_moves_to_the_node_that_frees() -> N
         assert started == [PEER, OTHER]
         [relocation] = (w.repo.jobs.get_job_item("j") or {})["relocations"]
         assert "after waiting" in relocation["reason"]
+
+
+def test_a_waiting_jobs_minute_whose_cluster_listing_fails_once_still_takes_the_node_that_freed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the job waiting for a free node, When job k ends on node-c and the next sweep's
+    cluster listing is throttled once, Then the snapshot (reads only) is taken again at once
+    and rank 1 moves to node-c in that sweep, instead of the minute being lost while node-c
+    stands free for any other scheduler (soak seed 7210 at 6 % of calls failing)."""
+    with world(relocation_wait_seconds=1800) as w:
+        arns, other = _full_cluster(w)
+        _dead_gpu(w, arns)
+        w.service.on_task_state_change(w.task_stopped(other[0], exit_code=0))  # k completes
+        listed = w.ecs.cluster_listings  # the sweep's first listing (its refresh) goes through
+        failed = throttle_once(monkeypatch, FakeEcs, "container_instances", "ListContainerInstances",
+                               lambda: w.ecs.cluster_listings > listed)
+        w.advance(61)
+        w.service.sweep()
+        assert failed, "the premise: the sweep's cluster listing failed"
+        job = w.repo.jobs.get_job("j")
+        assert job.state in (JobState.STARTING, JobState.RUNNING) and job.attempt == 2
+        assert {a: m["node"] for a, m in w.repo.faults.placement("j", 2).items()} == {FAULTY: OTHER}
 
 
 def test_the_wait_ends_at_its_deadline_with_its_reason_and_operators_are_told() -> None:
