@@ -13,6 +13,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.recovery.reactions import RESERVE_FIRST_SECONDS
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.instances import Instances
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
 from gpu_recovery.repository.rank_events import RankEventRepository
 from gpu_recovery.repository.registrations import RegistrationRepository
@@ -242,16 +243,22 @@ def test_a_faults_read_after_its_commit_that_fails_once_is_tried_again_before_th
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 
 
-def test_a_faults_rank_lookup_that_fails_once_is_tried_again_before_its_freed_node_goes_unreserved(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given a two-node job, When rank 1 fails (exit 1) and the first read of its event's
-    delivery (its rank's) is throttled, Then the delivery looks it up again at once: the fault is
-    handled, both nodes reserved before the stop frees node-a, and node-b (freed by the failed
-    rank itself) is not left unmarked until the event's redelivery a minute on."""
+@pytest.mark.parametrize(("owner", "read", "operation"), [
+    (RegistrationRepository, "look_up_task", "Query"),  # the rank's lookup
+    (JobsAndRanks, "get_job", "GetItem"),  # its job
+    (Instances, "get_instance_item", "GetItem"),  # its node's evidence (soak seed 7219)
+])
+def test_a_faults_read_before_its_commit_that_fails_once_is_tried_again_before_its_freed_node_goes_unreserved(
+        monkeypatch: pytest.MonkeyPatch, owner: type, read: str, operation: str) -> None:
+    """Given a two-node job, When rank 1 fails (exit 1) and one of its delivery's reads before
+    the fault's commit (its rank's, its job's, its node's item) is throttled the first time,
+    Then the delivery reads it again at once: the fault is handled, both nodes reserved before
+    the stop frees node-a, and node-b (freed by the failed rank itself) is not left unmarked
+    until the event's redelivery a minute on."""
     nodes = ["node-a", "node-b"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
-        failed = throttle_once(monkeypatch, RegistrationRepository, "look_up_task", "Query")
+        failed = throttle_once(monkeypatch, owner, read, operation)
         at_stop = w.unavailable_at_stop(nodes)
         outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
         assert failed, "the premise: the rank's read failed"

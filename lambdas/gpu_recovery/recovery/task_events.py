@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from gpu_recovery import clock
@@ -103,8 +104,8 @@ class TaskEvents:
     reactions: Reactions = field(default_factory=Reactions)
 
     def on_task_state_change(self, detail: EcsTaskDetail, known: Rank | None = None) -> Outcome:
-        """``known``: the task's rank, found by the tag lookup worker. Its lookup is tried again
-        at once when a call fails: a rank's fault dying there leaves its freed node unreserved."""
+        """``known``: the rank, found by the tag lookup worker. Its lookup and a stop's reads before
+        its commit are tried again at once: a fault dying there left its freed node unreserved."""
         if detail.group.startswith(HEALTH_CHECK_GROUP):
             return Outcome("ignored", detail={"why": "health-check task"})
         if detail.lastStatus not in ("RUNNING", "STOPPED"):
@@ -181,7 +182,7 @@ class TaskEvents:
         repo = self.data
         assessment: Assessment | None = None
         for _ in range(_WRITE_ROUNDS):
-            job = repo.jobs.get_job(rank.job_id)
+            job = twice(partial(repo.jobs.get_job, rank.job_id))
             if job is None:
                 return Outcome("ignored", rank.job_id, {"why": "job record missing"})
             rank_stop = RankStop(rank, _RANK_STATE_FOR[kind], fields) if rank.state in HOLDING_RANK_STATES \
@@ -217,7 +218,7 @@ class TaskEvents:
     # ------------------------------------------------------------- judgement
     def _assess(self, job: Job, rank: Rank, stop: TaskStop, detail: EcsTaskDetail) -> Assessment:
         """The catalog's decision for this rank's exit, on its node's evidence."""
-        raw = self.data.instances.get_instance_item(rank.container_inst_id)
+        raw = twice(lambda: self.data.instances.get_instance_item(rank.container_inst_id))
         now = clock.now()
         when = detail.updatedAt.timestamp() if detail.updatedAt is not None else now
         evidence = self.remediation.evidence(
@@ -368,8 +369,7 @@ class TaskEvents:
         wrote: the job goes on as read (its reaction was decided on that read), except where any
         stop may name a suspect (``health_check_all_nodes``: the latest tally is needed)."""
         rank_only = written is not None and not self.settings.check_all_nodes_on_fault
-        # Read after the commit, tried twice: a delivery dying here leaves the fault's nodes
-        # unreserved until its redelivery a minute on (soak seed 7207: a peer's node taken).
+        # Read after the commit, tried twice: dying here left a peer's freed node unreserved (7207).
         fresh = job if rank_only else twice(lambda: self.data.jobs.get_job(job.job_id)) or job
         written = written if rank_only else None
         if reaction in (StopReaction.RESTART, StopReaction.FAIL_JOB) and assessment is not None \
