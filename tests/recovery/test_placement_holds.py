@@ -261,7 +261,7 @@ def test_a_faults_read_before_its_commit_that_fails_once_is_tried_again_before_i
         failed = throttle_once(monkeypatch, owner, read, operation)
         at_stop = w.unavailable_at_stop(nodes)
         outcome = w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))
-        assert failed, "the premise: the rank's read failed"
+        assert failed, f"the premise: the {read} read failed"
         assert outcome.action == "health_check_requested"
         assert at_stop == {arns[0]: {"node-a": "reserved", "node-b": "reserved"}}
 
