@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 from botocore.awsrequest import AWSResponse
@@ -79,9 +79,13 @@ class ApiCall:
 
 
 #: where a call is never its own site but its caller's: the ports' implementations, the one
-#: way every node task starts (a check's StartTask is the check's site, a reset's the reset's)
-#: and the one way every task is started once (a gang restart's StartTask is the gang's site)
-_SHARED_MECHANISMS = ("/adapters/", "/repository/", "/recovery/node_tasks.py", "/recovery/task_starts.py")
+#: way every node task starts (a check's StartTask is the check's site, a reset's the reset's),
+#: the one way every task is started once (a gang restart's StartTask is the gang's site) and
+#: the one way a call is tried again at once (its caller's site, named with the way it went:
+#: ``reboots.py:issue.claimed_with_token``, apart from the write ``issue`` makes after the reboot)
+_ONCE_MORE_FILE = "once_more.py"
+_SHARED_MECHANISMS = ("/adapters/", "/repository/", "/recovery/node_tasks.py", "/recovery/task_starts.py",
+                      f"/gpu_recovery/{_ONCE_MORE_FILE}")
 
 
 #: a code file's path -> its part after ``/gpu_recovery/`` when a call made there is that
@@ -98,11 +102,20 @@ def _site_file(filename: str) -> str | None:
     return None
 
 
+def _function_name(code: CodeType) -> str:
+    """A function's name; a ``lambda``'s is its enclosing function's and ``.<lambda>``
+    (``_assess.<lambda>``): its own site, apart from the calls its function makes itself."""
+    if code.co_name != "<lambda>":
+        return code.co_name
+    return code.co_qualname.split(".<locals>.")[0].rsplit(".", 1)[-1] + ".<lambda>"
+
+
 def _call_site() -> str:
     # Frames walked directly, innermost first (traceback.extract_stack also read each
     # frame's source line: a twentieth of a campaign's CPU).
     frame: FrameType | None = sys._getframe(1)
     site_file = _SITE_FILE
+    via = ""
     for _ in range(48):
         if frame is None:
             break
@@ -112,7 +125,9 @@ def _call_site() -> str:
         except KeyError:
             where = site_file[code.co_filename] = _site_file(code.co_filename)
         if where is not None:
-            return f"{where}:{code.co_name}"
+            return f"{where}:{_function_name(code)}{via}"
+        if code.co_name != "<lambda>" and code.co_filename.endswith(_ONCE_MORE_FILE):
+            via = f".{code.co_name}"  # the outermost: the way its caller chose
         frame = frame.f_back
     return "?"
 

@@ -50,6 +50,24 @@ def test_a_call_site_is_each_recovery_function_s_own_through_a_shared_mechanism(
             "recovery/reboots.py:issue", "recovery/reboots.py:retry", "recovery/gangs.py:restart", "?"]
 
 
+def test_a_call_tried_again_at_once_or_made_in_a_lambda_is_named_by_the_function_that_made_it() -> None:
+    """``once_more`` is a shared mechanism: a call through it is its caller's, named with the way
+    it went (``issue.twice``), apart from the calls its caller makes itself (the crash
+    campaigns' sample breaks the first of each). A ``lambda``'s call is named by its enclosing
+    function (``_assess.<lambda>``), not ``<lambda>`` of its file."""
+    namespace: dict[str, Any] = {"_call_site": broken_calls._call_site}
+    _defined_in("/src/lambdas/gpu_recovery/repository/jobs.py", "save", "_call_site()", namespace)
+    exec(compile("def twice(step):\n    return step()\n",  # noqa: S102
+                 "/src/lambdas/gpu_recovery/once_more.py", "exec"), namespace)
+    issue = _defined_in("/src/lambdas/gpu_recovery/recovery/reboots.py", "issue", "twice(save)", namespace)
+    confirm = _defined_in("/src/lambdas/gpu_recovery/recovery/reboots.py", "confirm", "save()", namespace)
+    assess = _defined_in("/src/lambdas/gpu_recovery/recovery/task_events.py", "_assess",
+                         "twice(lambda: save())", namespace)
+    assert [issue(), confirm(), assess()] == [
+        "recovery/reboots.py:issue.twice", "recovery/reboots.py:confirm",
+        "recovery/task_events.py:_assess.<lambda>"]
+
+
 # ================================================================ the grants guard's policies
 class _Facts:
     region, account, cluster = "us-east-1", "123456789012", "gpu-cluster"
