@@ -5,9 +5,10 @@ task's event with its rank (``RecoveryService.on_tag_lookups``).
 Each message is ``{"detail": <ECS task state-change detail>}``, sent by the task handler
 for a task it found neither registered, nor following the registration convention, nor
 known to be unprotected. The Describe failing (the budget, throttling) fails the whole
-batch; a handling error fails its own message (a partial batch response); a failed message
-comes back 75 s later the first time (``RecoveryService.redeliver_soon``), after the queue's
-visibility timeout later; a malformed message is logged and dropped.
+batch; a task's own lookup or a handling error fails its own message (a partial batch
+response); a failed message comes back 75 s later the first time
+(``RecoveryService.redeliver_soon``), after the queue's visibility timeout later; a
+malformed message is logged and dropped.
 """
 
 from __future__ import annotations

@@ -437,15 +437,22 @@ class RankOperations:
             raise EcsActionFailed.missing("DescribeTasks", [detail.taskArn])
         return self.rank_from_description(detail.taskArn, task)
 
-    def look_up_tags(self, task_arns: Iterable[str]) -> dict[str, Rank | None]:
+    def look_up_tags(self, task_arns: Iterable[str]) -> dict[str, Rank | Exception | None]:
         """The ranks of tasks whose tags decide (the tag lookup worker's batch): known ones
-        from the table, the rest described together (DescribeTasks takes 100). A task ECS
-        answers MISSING is left out (its event fails and is delivered again, see
-        ``rank_for_task``)."""
-        resolved: dict[str, Rank | None] = {}
+        from the table, the rest described together (DescribeTasks takes 100: its failure fails
+        the batch). A task ECS answers MISSING is left out (its event fails and is delivered
+        again, see ``rank_for_task``); a task whose own read or registration failed is answered
+        with its error, its event alone delivered again (a batch failed by any one task's call
+        came back whole, each time with the same odds, and was dead-lettered after its tenth
+        receive: soak at 6 % of calls failing)."""
+        resolved: dict[str, Rank | Exception | None] = {}
         unknown: list[str] = []
         for arn in dict.fromkeys(task_arns):
-            known = self.records.look_up_task(arn)
+            try:
+                known = self.records.look_up_task(arn)
+            except Exception as error:
+                resolved[arn] = error
+                continue
             if known.rank is not None or known.unprotected:
                 resolved[arn] = known.rank
             else:
@@ -454,7 +461,10 @@ class RankOperations:
             described = {str(t.get("taskArn")): t for t in self.ecs.describe_tasks(unknown)}
             for arn in unknown:
                 if arn in described:
-                    resolved[arn] = self.rank_from_description(arn, described[arn])
+                    try:
+                        resolved[arn] = self.rank_from_description(arn, described[arn])
+                    except Exception as error:
+                        resolved[arn] = error
         return resolved
 
     def rank_from_description(self, task_arn: str, task: dict[str, Any] | None) -> Rank | None:

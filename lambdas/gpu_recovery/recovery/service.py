@@ -241,8 +241,8 @@ class RecoveryService:
     def on_tag_lookups(self, details: Sequence[EcsTaskDetail]) -> list[Outcome | Exception]:
         """The tag lookup worker's batch: the tasks described together (one DescribeTasks per
         100, under the stack's Describe budget: an exception fails the whole batch, SQS
-        delivers it again), then each event handled with its rank (an exception: that
-        event's, delivered again)."""
+        delivers it again), then each event handled with its rank (an exception, or its task's
+        own lookup failing: that event's, delivered again)."""
         ranks = self.ranks.look_up_tags(d.taskArn for d in details)
         outcomes: list[Outcome | Exception] = []
         for detail in details:
@@ -250,6 +250,9 @@ class RecoveryService:
                 outcomes.append(EcsActionFailed.missing("DescribeTasks", [detail.taskArn]))
                 continue
             rank = ranks[detail.taskArn]
+            if isinstance(rank, Exception):
+                outcomes.append(rank)
+                continue
             if rank is None:
                 outcomes.append(Outcome("ignored", detail={"why": "not a protected job"}))
                 continue
