@@ -446,7 +446,7 @@ class TaskEvents:
         ended and started, for the ledger; ``written``: the rank as this delivery wrote it)."""
         detail: dict[str, Any] = {"rank": rank.rank, "kind": kind.value}
         repo = self.data
-        current = written or repo.jobs.get_rank(rank.job_id, rank.rank) or rank
+        current = written or twice(partial(repo.jobs.get_rank, rank.job_id, rank.rank)) or rank
         if current.attempt != rank.attempt or not current.state.is_terminal:
             return Outcome("recorded", job.job_id, {**detail, "why": "older attempt"})
         node = current.container_inst_id
@@ -457,8 +457,8 @@ class TaskEvents:
             grouped = suspect and self.settings.check_all_nodes_on_fault
         coupled = (coupled or current.coupled) and not suspect  # a redelivery repeats its arrival
         if suspect and job.attempt == rank.attempt:
-            if self.settings.check_all_nodes_on_fault or repo.faults.get_suspect(
-                    job.job_id, job.attempt, node) is None:
+            if self.settings.check_all_nodes_on_fault or twice(partial(
+                    repo.faults.get_suspect, job.job_id, job.attempt, node)) is None:
                 self._open_suspect(job, current, None)
             detail["health_checks"] = {node: self.suspects.request_check(job, node, grouped=grouped)}
         if redelivered:  # what a dead delivery committed: its reservation, then its stop
@@ -471,7 +471,8 @@ class TaskEvents:
             detail["complete"] = ended(self.metrics, self.data.jobs, job.job_id,
                                        self._complete(job, current.attempt, ended_at, ran_from))
         if Latch.ENDED in arrival:
-            detail["ended"] = self.on_attempt_ended(repo.jobs.get_job(job.job_id) or job, current.attempt)
+            detail["ended"] = self.on_attempt_ended(twice(partial(repo.jobs.get_job, job.job_id)) or job,
+                                                    current.attempt)
         return Outcome("duplicate" if redelivered else "recorded", job.job_id, detail)
 
     def _complete(self, job: Job, attempt: int, ended_at: float | None, ran_from: float | None) -> bool:
@@ -504,9 +505,8 @@ class TaskEvents:
         return found is not None and rank.rank in found.ranks
 
     def on_attempt_ended(self, job: Job, attempt: int) -> str:
-        """Every rank of ``attempt`` ended (its GPUs are free): the fault's suspects are final
-        (counted once), nothing is left to stop, and the job goes on - restart, suspended,
-        canceled."""
+        """Every rank of ``attempt`` ended (its GPUs are free): the fault's suspects are final (counted once),
+        nothing is left to stop, and the job goes on - restart, suspended, canceled."""
         repo = self.data
         if job.attempt != attempt:
             return "older_attempt"
