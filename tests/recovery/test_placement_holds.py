@@ -281,12 +281,13 @@ def _in_converge() -> bool:
 @pytest.mark.parametrize(("owner", "read", "done"), [
     (FaultRepository, "get_suspect", "health_checks"),  # the failing node's suspect item
     (JobsAndRanks, "get_job", "ended"),  # the job, once every rank ended (soak seed 7241)
+    (FaultRepository, "counted", "ended"),  # then its verdicts counted on the tally's shards
 ])
 def test_a_stops_read_after_its_commit_that_fails_once_is_tried_again_in_the_same_delivery(
         monkeypatch: pytest.MonkeyPatch, owner: type, read: str, done: str) -> None:
     """Given a two-node job whose rank 1 fails (exit 1), When a read its stops make after their
-    commit (the failing node's suspect item; the job, once rank 0's stop ends the attempt) is
-    throttled the first time, Then the delivery reads it again at once and finishes: the
+    commit (the failing node's suspect item; the job and its tally's shards, once rank 0's stop
+    ends the attempt) is throttled the first time, Then the delivery reads it again at once and finishes: the
     node's check requested, the attempt's end handled. Before, the delivery failed there: at
     6 % of calls failing such reads were where most dead-lettered stops died (soak seed 7241)."""
     nodes = ["node-a", "node-b"]

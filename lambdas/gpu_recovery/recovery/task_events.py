@@ -517,7 +517,7 @@ class TaskEvents:
             job = repo.faults.record_total(job, total) or repo.jobs.get_job(job.job_id) or job
             logger.info("every rank ended", extra={"job_id": job.job_id, "suspects": total})
         self.suspects.start_grouped_checks(job)
-        job = repo.faults.counted(job)  # the verdicts counted on the tally's shards (all in?)
+        job = twice(partial(repo.faults.counted, job))  # the verdicts counted on the tally's shards (all in?)
         if job.state is JobState.PENDING_HEALTHCHECK and job.tally.all_decided:
             return self.settlement.conclude(job)
         if job.state is JobState.PENDING_HEALTHCHECK:
