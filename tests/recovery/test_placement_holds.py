@@ -278,22 +278,22 @@ def _in_converge() -> bool:
     return False
 
 
-@pytest.mark.parametrize(("owner", "read", "done"), [
-    (FaultRepository, "get_suspect", "health_checks"),  # the failing node's suspect item
-    (JobsAndRanks, "get_job", "ended"),  # the job, once every rank ended (soak seed 7241)
-    (FaultRepository, "counted", "ended"),  # then its verdicts counted on the tally's shards
+@pytest.mark.parametrize(("owner", "read", "operation", "done"), [
+    (FaultRepository, "get_suspect", "GetItem", "health_checks"),  # the failing node's suspect item
+    (JobsAndRanks, "get_job", "GetItem", "ended"),  # the job, once every rank ended (soak seed 7241)
+    (FaultRepository, "counted", "BatchGetItem", "ended"),  # then its tally's shards
 ])
 def test_a_stops_read_after_its_commit_that_fails_once_is_tried_again_in_the_same_delivery(
-        monkeypatch: pytest.MonkeyPatch, owner: type, read: str, done: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, owner: type, read: str, operation: str, done: str) -> None:
     """Given a two-node job whose rank 1 fails (exit 1), When a read its stops make after their
     commit (the failing node's suspect item; the job and its tally's shards, once rank 0's stop
-    ends the attempt) is throttled the first time, Then the delivery reads it again at once and finishes: the
-    node's check requested, the attempt's end handled. Before, the delivery failed there: at
+    ends the attempt) is throttled the first time, Then the delivery reads it again at once and
+    finishes: the node's check requested, the attempt's end handled. Before, the delivery failed there: at
     6 % of calls failing such reads were where most dead-lettered stops died (soak seed 7241)."""
     nodes = ["node-a", "node-b"]
     with world(max_app_restarts=1) as w:
         arns = w.register_job("j", nodes)
-        failed = throttle_once(monkeypatch, owner, read, "GetItem", armed=_in_converge)
+        failed = throttle_once(monkeypatch, owner, read, operation, armed=_in_converge)
         outcomes = [w.service.on_task_state_change(w.task_stopped(arns[1], exit_code=1))]
         w.now[0] += 3
         outcomes.append(w.service.on_task_state_change(w.task_stopped(arns[0], exit_code=143)))
