@@ -406,6 +406,39 @@ def test_nodes_of_a_job_in_recovery_are_held_for_its_gang_restart(qc):
     assert {t.node for t in qc.live_tasks(job)} == own_nodes
 
 
+def test_a_relocations_targets_are_held_from_its_claim_though_their_reservation_failed(qc):
+    """Given three nodes taken and a job whose relocation is claimed (STARTING attempt 2, its
+    placement item moving its rank to the free node) but whose reservation of that target
+    failed after the claim (no hold on the worklist: soak seed 7251 at 10 %)
+    When a 1x8 job is queued and a tick runs
+    Then the target is held for the restart (the snapshot says so) and the queued job waits;
+    once the restart is placed (RUNNING), the next tick places the queued job there."""
+    from gpu_recovery.domain.models import Job
+    from gpu_recovery.repository import to_ddb
+
+    nodes = sorted(qc.sim.nodes)
+    for node in nodes[:3]:
+        steal_gpus(qc, node)
+    target = qc.sim.node(nodes[3])
+    now = qc.sim.now()
+    item = {**qc.repo.jobs.job_to_item(Job("moving-job", JobState.STARTING, world_size=1, attempt=2)),
+            "restarted_attempt": 2, "relocated_attempt": 2, **qc.repo.jobs.job_deadline_fields(now + 60)}
+    qc.table().put_item(Item=to_ddb(item))
+    qc.table().put_item(Item=to_ddb({
+        C.JOB_PK: C.placement_item_key("moving-job", 2), "item_type": "PLACEMENT", "reason": "relocated",
+        "moves": {"gone-node": {"node": target.container_instance_id, "arn": target.container_instance_arn,
+                                "ec2": target.instance_id, "why": "node(s) unusable"}}}))
+    assert qc.repo.cordons.worklist().holds == {}
+    queued = qc.submit(nnodes=1, gpus=8)
+    scheduler = qc.scheduler()
+    assert scheduler.snapshot()[target.container_instance_id].node.eligible is False
+    assert scheduler.tick().admitted == []
+    assert qc.live_tasks(queued) == []
+    qc.table().update_item(Key={C.JOB_PK: C.job_item_key("moving-job")},
+                           UpdateExpression="SET job_state = :r", ExpressionAttributeValues={":r": "RUNNING"})
+    assert qc.scheduler().tick().admitted == [queued]
+
+
 def test_a_node_that_frees_is_reserved_for_a_relocatable_job_waiting_for_one(qc):
     """Given three nodes taken and a relocatable job waiting for one healthy 8-GPU node to
     relocate a rank onto (issue 19: PENDING_RESTART with a relocation wait)

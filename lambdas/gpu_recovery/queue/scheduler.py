@@ -66,6 +66,7 @@ from gpu_recovery.queue.planner import QueuedJob, Step, StepKind, TickPlanner
 from gpu_recovery.queue.time_sharing import SuspendPort, TimeSharing, subject_of
 from gpu_recovery.recovery.free_nodes import unhandled_stops
 from gpu_recovery.recovery.ports import MetricsPort
+from gpu_recovery.recovery.restart_nodes import recovering_nodes
 from gpu_recovery.repository import Repository
 from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
@@ -446,10 +447,11 @@ class QueueScheduler:
                                                      [c for c in candidates if c.node_id not in kept])
 
     def _held_for_restart(self) -> tuple[set[str], list[RelocationWait]]:
-        """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART): their gang
-        restart needs them back, so no queued job may take their freed GPUs; the nodes of
-        launches in progress; and the waits
-        of relocatable jobs with no healthy free node (the nodes that free up are theirs).
+        """Nodes of jobs in recovery (PENDING_HEALTHCHECK, PENDING_RESTART, HELD) and of gang
+        restarts not placed yet (STARTING: a relocation's targets among them): the restart
+        needs them, so no queued job may take their freed GPUs; the nodes of launches in
+        progress; and the waits of relocatable jobs with no healthy free node (the nodes that
+        free up are theirs).
 
         Those jobs carry a deadline, so the sparse deadline index lists them; the
         number read is the number of jobs in recovery, not the table size.
@@ -457,23 +459,25 @@ class QueueScheduler:
         held: set[str] = set()
         waits: list[RelocationWait] = []
         deadline_items = self.store.deadline_job_items()
-        for item in self.store.launches_in_progress(deadline_items):
+        launches = self.store.launches_in_progress(deadline_items)
+        for item in launches:
             # A launch in progress (its ranks being started, or its intent left unsent by a dead
             # tick): its planned nodes are its own, no other job may take their GPUs meanwhile.
             plan = item.get("launch") or {}
             nodes, _ = self.store.plan_nodes(str(item["job_id"]), int(item.get("attempt") or 0),
                                              int(plan.get("world_size") or item.get("world_size") or 1))
             held |= {container_instance_id(str(arn)) for arn in nodes if arn}
-        for item in self.store.jobs_in_recovery(deadline_items):
+        launching = {str(item["job_id"]) for item in launches}
+        for item in self.store.jobs_holding_nodes(deadline_items):
+            if str(item["job_id"]) in launching:
+                continue
             job = job_from_item(item)
             if job.relocation_wait is not None and job.state is JobState.PENDING_RESTART:
                 waits.append(job.relocation_wait)
-            # Its nodes, from its latch shards (one item per 64 ranks, not every rank).
-            held |= self.repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
-            if job.relocated:
-                # A relocation's target nodes (tag-registered jobs) are the restart's too.
-                moves = self.repo.faults.placement(job.job_id, job.attempt)
-                held.update(m.get("node", "") for m in moves.values())
+            # Its nodes (latch shards: one item per 64 ranks) and a relocation's targets, until
+            # its restart has placed every rank: a relocation's claim whose reservation of its
+            # targets failed after it keeps them all the same (soak seed 7251 at 10 %).
+            held |= recovering_nodes(self.repo.latches, self.repo.faults, job)
         held.discard("")
         return held, waits
 

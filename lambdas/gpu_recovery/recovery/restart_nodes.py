@@ -56,6 +56,20 @@ class Held:
         return {**self.nodes, **kept}
 
 
+def recovering_nodes(latches: LatchRepository, faults: FaultRepository, job: Job) -> set[str]:
+    """The nodes ``job`` holds while it recovers: its fault's attempt's (its latch shards),
+    the attempt before while its gang restart is not placed yet, its relocation's targets (the
+    placement item). The recovery's placements and the queue's tick both keep off them."""
+    nodes = set(latches.job_nodes(job.job_id, job.attempt, job.world_size))
+    restarting = job.state is JobState.STARTING and job.restarted_attempt == job.attempt
+    if restarting and job.attempt > 1:
+        nodes |= latches.job_nodes(job.job_id, job.attempt - 1, job.world_size)
+    if job.relocated:
+        nodes.update(m.get("node", "") for m in faults.placement(job.job_id, job.attempt).values())
+    nodes.discard("")
+    return nodes
+
+
 @dataclass
 class FreeFor:
     """A relocation's choice: the target of each node it leaves (None: not enough free), the
@@ -93,16 +107,8 @@ class RestartNodes:
 
     # ------------------------------------------------------------------ held
     def nodes_of(self, job: Job) -> set[str]:
-        """The nodes ``job`` holds while it recovers (its fault's attempt's, its targets')."""
-        latches, faults = self.data.latches, self.data.faults
-        nodes = set(latches.job_nodes(job.job_id, job.attempt, job.world_size))
-        restarting = job.state is JobState.STARTING and job.restarted_attempt == job.attempt
-        if restarting and job.attempt > 1:
-            nodes |= latches.job_nodes(job.job_id, job.attempt - 1, job.world_size)
-        if job.relocated:
-            nodes.update(m.get("node", "") for m in faults.placement(job.job_id, job.attempt).values())
-        nodes.discard("")
-        return nodes
+        """The nodes ``job`` holds while it recovers (:func:`recovering_nodes`)."""
+        return recovering_nodes(self.data.latches, self.data.faults, job)
 
     def unusable_and_reserved(self, job: Job) -> tuple[list[str], dict[str, str]]:
         """The nodes of ``job``'s attempt another fault made unusable, and those reserved for
