@@ -14,6 +14,7 @@ from gpu_recovery import constants as C
 from gpu_recovery.domain.relocation import SparePool
 from gpu_recovery.recovery.reactions import RESERVE_FIRST_SECONDS
 from gpu_recovery.repository.base import Update
+from gpu_recovery.repository.cordons import CordonRepository
 from gpu_recovery.repository.faults import FaultRepository
 from gpu_recovery.repository.instances import Instances
 from gpu_recovery.repository.jobs_and_ranks import JobsAndRanks
@@ -145,6 +146,32 @@ def test_a_sync_that_fails_for_some_nodes_still_marks_the_others(broken: str) ->
         assert w.service.placement.reserve("j", nodes) == "holds_changed"
         assert [n for n in nodes if _value(w, n) == "reserved"] == marked
         assert sorted(w.repo.cordons.worklist().pending) == pending
+
+
+@pytest.mark.parametrize("read", ["worklist", "get_instances"])
+def test_a_syncs_read_that_fails_once_is_tried_again_at_once(monkeypatch: Any, read: str) -> None:
+    """Given two nodes reserved for a relocation's restart (the holds committed), When the
+    sync's read that follows fails once (the worklist's shards, or the nodes' items: one
+    BatchGetItem each), Then the same call reads again and puts their attribute: after a
+    relocation's claim, such a read spent the second of its reservation's two tries, and a
+    user's scheduler placed a task on the target in the minute before the sweep put it (soak
+    seed 7254 at 10 %)."""
+    nodes = ["node-a", "node-b"]
+    committed: list[bool] = []
+    real_set_holds = CordonRepository.set_holds
+
+    def set_holds(self: CordonRepository, *args: Any, **kwargs: Any) -> bool:
+        committed.append(True)
+        return real_set_holds(self, *args, **kwargs)
+
+    monkeypatch.setattr(CordonRepository, "set_holds", set_holds)
+    owner = CordonRepository if read == "worklist" else Instances
+    with world() as w:
+        failed = throttle_once(monkeypatch, owner, read, "BatchGetItem", armed=lambda: bool(committed))
+        assert w.service.placement.reserve("j", nodes) == "holds_changed"
+        assert failed == ["BatchGetItem"]
+        assert all(_value(w, n) == "reserved" for n in nodes)
+        assert w.repo.cordons.worklist().pending == {}
 
 
 def test_the_sweeps_attribute_pass_leaves_the_rest_of_a_backlog_to_the_next_sweep() -> None:
