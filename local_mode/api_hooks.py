@@ -54,9 +54,12 @@ class ApiHooks:
         self._before: dict[tuple[str, str], list[BeforeCall]] = {}
         self._after: dict[tuple[str, str], list[AfterCall]] = {}
 
-    def on_before_call(self, service: str, operation: str, fn: BeforeCall) -> None:
+    def on_before_call(self, service: str, operation: str, fn: BeforeCall, *, first: bool = False) -> None:
+        """``first``: ahead of the listeners registered before it (the simulator's own, which
+        answer the call: one that changes the world the call meets must see it first)."""
         with self._lock:
-            self._before.setdefault((service, operation), []).append(fn)
+            listeners = self._before.setdefault((service, operation), [])
+            listeners.insert(0 if first else len(listeners), fn)
 
     def on_after_call(self, service: str, operation: str, fn: AfterCall) -> None:
         with self._lock:

@@ -20,7 +20,14 @@ The flows (``FLOWS``):
   come first). Right when: the waiting job is never placed on node-c (ECS shows it free, but
   the stack still records a rank there), moves to node-d once it frees and completes; node-c
   is checked and quarantined; its own job (not relocatable) fails with its ``quarantined``
-  e-mail; no job fails for a placement race.
+  e-mail; no job fails for a placement race;
+* ``taken_target`` — a relocatable job on node-a/node-b, node-c and node-d free. node-b's GPU
+  dies (DCGM: replace) and the job is relocated; another team's scheduler that ignores the
+  placement constraint starts its task on the relocation's target just before the stack's
+  StartTask of the moved rank (``TargetTaker``), which ECS refuses (RESOURCE:GPU). Right when:
+  the moved rank goes to the other free node instead of waiting for the taken one, and the job
+  completes there with node-a, attempt 2, one recovery; node-b QUARANTINED and DRAINING; no
+  job fails.
 """
 
 from __future__ import annotations
@@ -36,15 +43,17 @@ from gpu_recovery.domain import placement
 from gpu_recovery.domain.models import Job
 
 from ..sim.eager_scheduler import STARTED_BY, EagerScheduler
+from ..sim.ecs import SimulatedEcs
 from ..world import World
 from .runner import DYNAMODB, MIN, CampaignResult, Scenario, ecs_status, known_flow, run_flow
 
-FLOWS = ("full_cluster", "placement_race")
+FLOWS = ("full_cluster", "placement_race", "taken_target")
 JOB_ID, OTHER_JOB = "placed", "victim"
 TRAIN_SECONDS = 2 * MIN  # the restarted ranks' training (each simulated minute costs a sweep)
 RUN_LIMIT_SECONDS = 60 * MIN
 EAGER_SECONDS = 15 * MIN  # the other scheduler's work: it outlives an unbroken run
 RACE_LATE_SECONDS = 90.0  # how late node-c's rank's STOPPED event is (placement_race)
+TAKEN_TARGET_BOUND_SECONDS = 6 * MIN  # taken_target, unbroken: the check, the move, a resend
 OTHER_WORKLOAD_SECONDS = 3 * MIN  # placement_race: node-d frees this long after calls are counted
 #: who started a task on its own (the job's first start, the other scheduler, another team)
 NOT_THE_STACK = ("gpujobs", STARTED_BY, "other-team")
@@ -71,9 +80,10 @@ class PlacementResult(CampaignResult):
         state, attempt, used = self.jobs[JOB_ID]
         if (state, attempt, used) != (JobState.COMPLETE.value, 2, 1):
             problems.append(f"job {(state, attempt, used)} (want COMPLETE, 2, 1)")
-        dead = "node-b" if self.flow == "full_cluster" else "node-c"
-        want_nodes = sorted(["node-a", self.spare_at_fault]) if self.flow == "full_cluster" \
-            else ["node-a", "node-d"]
+        dead = "node-c" if self.flow == "placement_race" else "node-b"
+        want_nodes = {"full_cluster": sorted(["node-a", self.spare_at_fault]),
+                      "placement_race": ["node-a", "node-d"]}.get(self.flow) \
+            or sorted(["node-a", *(n for n in ("node-c", "node-d") if n not in self.facts.get("taken", ()))])
         # A job's nodes are held from its fault seen: a fault whose handling failed (a broken
         # call, calls failing at random) is unknown meanwhile, and the other scheduler may take
         # them first; the job then restarts on other healthy nodes.
@@ -96,7 +106,16 @@ class PlacementResult(CampaignResult):
             problems.append(f"the other scheduler took held or judged nodes: {self.eager_on_held}")
         want_mails: dict[tuple[str, str], tuple[int, int]] = {("recovered", JOB_ID): (1, 2),
                                                               ("failed", JOB_ID): (0, 0)}
-        if self.flow == "placement_race":
+        if self.flow == "taken_target":
+            # Its task landed on the target once (the premise), whatever call was broken after.
+            if len(self.facts.get("taken", ())) != 1:
+                problems.append(f"the other team took {self.facts.get('taken')} (want the target alone)")
+            # Unbroken, the moved rank does not wait for the taken node (its task runs 15 minutes).
+            if self.fault is None and self.failing is None and (
+                    self.fault_to_running is None or self.fault_to_running > TAKEN_TARGET_BOUND_SECONDS):
+                problems.append(f"fault to every rank RUNNING: {self.fault_to_running} s "
+                                f"(want at most {TAKEN_TARGET_BOUND_SECONDS})")
+        elif self.flow == "placement_race":
             other = self.jobs.get(OTHER_JOB, ("?", 0, 0))
             if other[0] != JobState.FAILED.value:
                 problems.append(f"{OTHER_JOB} is {other[0]} (want FAILED: its node is dead, it may not move)")
@@ -133,6 +152,7 @@ class PlacementScenario(Scenario[PlacementResult]):
         self.spare = ""  # full_cluster: the spare when the fault comes
         self.held_from: dict[str, float] = {}  # node -> since when the stack holds it for the job
         self.facts: dict[str, Any] = {}
+        self.taker: TargetTaker | None = None  # taken_target: the other team's scheduler
 
     def world_options(self) -> dict[str, Any]:
         env = {C.ENV_RELOCATION_WAIT_SECONDS: "1800"}
@@ -150,6 +170,11 @@ class PlacementScenario(Scenario[PlacementResult]):
         td = sim.register_training_task_definition("train", gpus=8)
         sim.plan_family("train", run_seconds=None)
         sim.start_job(JOB_ID, td, ["node-a", "node-b"], extra_tags={C.TAG_RELOCATABLE: "true"})
+        if self.flow == "taken_target":
+            sim.run_for(MIN)
+            sim.plan_family("train", run_seconds=TRAIN_SECONDS)
+            self.taker = TargetTaker(sim, kept=("node-a", "node-b")).attach()
+            return [JOB_ID]
         if self.flow == "full_cluster":
             sim.run_for(MIN)  # the sweep marks the spare before the other scheduler fills the rest
             self.eager = EagerScheduler(sim, run_seconds=EAGER_SECONDS).attach()
@@ -167,6 +192,10 @@ class PlacementScenario(Scenario[PlacementResult]):
 
     def start(self, world: World) -> None:
         sim = world.ecs
+        if self.flow == "taken_target":
+            self.fault_at = sim.now() + 30
+            sim.inject_gpu_fault("node-b", after=30, health="replace", nccl_cascade=True)
+            return
         if self.flow == "full_cluster":
             self.spare = ",".join(sorted(world.node_name(n) for n in placement.spares_of(
                 world.repo.cordons.worklist().holds)))
@@ -243,7 +272,38 @@ class PlacementScenario(Scenario[PlacementResult]):
             fault_to_running=(restarted - self.fault_at) if restarted else None,
             stack_on_faulted=stack_on_faulted, eager_on_held=eager_on_held,
             spares=sorted(world.node_name(n) for n in placement.spares_of(holds)), spare_at_fault=self.spare,
-            facts={**self.facts, "held_from": dict(self.held_from)})
+            facts={**self.facts, "held_from": dict(self.held_from),
+                   **({"taken": list(self.taker.taken)} if self.taker is not None else {})})
+
+
+@dataclass
+class TargetTaker:
+    """Another team's scheduler that ignores the placement constraint and, once, starts its task
+    on the node the stack's StartTask of a moved rank names (a node of none of ``kept``, the
+    job's own), just before that call meets ECS: the race a reservation cannot close. Its call
+    goes through the handlers' session with the campaigns' counting paused (not the stack's)."""
+
+    sim: SimulatedEcs
+    kept: tuple[str, ...]
+    taken: list[str] = field(default_factory=list)
+
+    def attach(self) -> TargetTaker:
+        with self.sim.local.call_faults.paused():
+            self._task_definition = self.sim.register_training_task_definition("other-team", gpus=8)
+            self.sim.plan_family("other-team", run_seconds=EAGER_SECONDS, exit_code=0)
+        self.sim.local.hooks.on_before_call("ecs", "StartTask", self._before_start_task, first=True)
+        return self
+
+    def _before_start_task(self, params: dict[str, Any], context: dict[str, Any]) -> None:
+        if self.taken or not str(params.get("startedBy", "")).startswith("gpurec-"):
+            return
+        names = [self.sim.node(str(ref)).name for ref in params.get("containerInstances") or []]
+        target = next((n for n in names if n not in self.kept), None)
+        if target is None:
+            return
+        self.taken.append(target)
+        with self.sim.local.call_faults.paused():
+            self.sim.start_job("other-team", self._task_definition, [target], started_by="other-team")
 
 
 def _waiting(world: World) -> bool:

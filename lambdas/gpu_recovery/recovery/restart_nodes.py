@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -147,13 +147,14 @@ class RestartNodes:
         return out
 
     # -------------------------------------------------------------- free for
-    def free_for(self, job: Job, leaving: list[str]) -> FreeFor:
-        """A healthy free node for each node of ``leaving`` (see the module docstring). Reads
-        only, so taken again at once when a call fails: a waiting relocation's minute lost to one
-        failed read left a node that freed in it to another scheduler (soak seed 7210, 6 %)."""
-        return twice(lambda: self._free_for(job, leaving))
+    def free_for(self, job: Job, leaving: list[str], keep_off: Collection[str] = ()) -> FreeFor:
+        """A healthy free node for each node of ``leaving`` (see the module docstring), none of
+        ``keep_off``. Reads only, so taken again at once when a call fails: a waiting
+        relocation's minute lost to one failed read left a node that freed in it to another
+        scheduler (soak seed 7210, 6 %)."""
+        return twice(lambda: self._free_for(job, leaving, keep_off))
 
-    def _free_for(self, job: Job, leaving: list[str]) -> FreeFor:
+    def _free_for(self, job: Job, leaving: list[str], keep_off: Collection[str]) -> FreeFor:
         repo = self.data
         described = self.ecs.container_instances()
         ids = [container_instance_id(ci["containerInstanceArn"]) for ci in described]
@@ -162,7 +163,7 @@ class RestartNodes:
         own = repo.latches.job_nodes(job.job_id, job.attempt, job.world_size)
         registered = {v.node_id: v.node.total_gpus for v in cluster}
         candidates = [v.node for v in cluster if v.placeable and v.node_id not in held.nodes
-                      and v.node_id not in own and v.node_id not in leaving]
+                      and v.node_id not in own and v.node_id not in leaving and v.node_id not in keep_off]
         mine = job.relocation_wait
         first = [w for w in held.waits if mine is None or (w.since, w.job_id) < (mine.since, mine.job_id)]
         reserved = reserve_for_waits(first, candidates)

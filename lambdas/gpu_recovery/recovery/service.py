@@ -75,6 +75,7 @@ from gpu_recovery.recovery.remediation.tenant_evidence import TenantEvidence
 from gpu_recovery.recovery.restart_nodes import RestartNodes
 from gpu_recovery.recovery.suspension import Suspensions
 from gpu_recovery.recovery.sweep import Sweep
+from gpu_recovery.recovery.taken_targets import TakenTargets
 from gpu_recovery.recovery.task_events import TaskEvents
 from gpu_recovery.recovery.validations import Validations
 from gpu_recovery.recovery.warnings import GpuWarnings
@@ -122,6 +123,8 @@ class RecoveryService:
         self.restarts = GangRestart(repo, repo.restarts, ecs, notices, self.gang, holds, restart_nodes,
                                     suspension_items, policy=policy, metrics=self._metrics, settings=settings,
                                     request_suspend=self.suspensions.request, reactions=reactions)
+        # A restart's rank refused on a relocation's target another task took: moved again.
+        self.taken_targets = TakenTargets(repo, restart_nodes, self.restarts, self.gang, reactions)
         self.launches = QueueLaunches(repo.jobs, scheduling, repo.latches, repo.deadlines, self.gang,
                                       self.restarts, notices)
         # The breaker every node action asks, and the node attributes kept in its cordons' sync.
@@ -204,7 +207,7 @@ class RecoveryService:
             # The start fan-out reports back to the queue launch or the restart that asked it.
             on(RanksStarted, lambda e: self._starter(e.job).on_started(e.job)),
             on(RankNotPlaced, lambda e: self.launches.start_failed(e.job, e.rank, e.why, e.error_code)
-               if is_launch(e.job) else self.restarts.start_failed(e.job, e.rank, e.why)),
+               if is_launch(e.job) else self.taken_targets.not_placed(e.job, e.rank, e.why)),
             # A verdict settled a fault, a node came back, a job must leave a node: its restart.
             on(RestartDue, lambda e: self.restarts.try_restart(e.job_id)),
             # A fault's first checks found nothing: the nodes whose exits followed are checked.

@@ -328,6 +328,15 @@ class FaultRepository:
                         "reason": reason[:500]},
             condition="attribute_not_exists(#k)", condition_names={"#k": JOB_PK})
 
+    def move_again(self, job_id: str, attempt: int, leaving: str, taken: str,
+                   move: Mapping[str, str]) -> bool:
+        """The restart's ranks of ``leaving`` moved to ``move`` instead of ``taken``, their target
+        another scheduler took (False: the move no longer names ``taken``: moved already)."""
+        return self.base.db.apply(Update(
+            table=self.table, key={JOB_PK: placement_item_key(job_id, attempt)},
+            set_fields={f"moves.{leaving}": dict(move)}, condition="#m.#l.#n = :taken",
+            condition_values={":taken": taken}, condition_names={"#m": "moves", "#l": leaving, "#n": "node"}))
+
     def placement(self, job_id: str, attempt: int) -> dict[str, dict[str, str]]:
         item = self.base.db.get(self.table, {JOB_PK: placement_item_key(job_id, attempt)}) or {}
         return {str(k): {str(a): str(b) for a, b in dict(v).items()}
