@@ -285,7 +285,8 @@ class TargetTaker:
 
     sim: SimulatedEcs
     kept: tuple[str, ...]
-    taken: list[str] = field(default_factory=list)
+    taken: list[str] = field(default_factory=list)  # the node it took (once)
+    _task_definition: str = ""
 
     def attach(self) -> TargetTaker:
         with self.sim.local.call_faults.paused():

@@ -69,7 +69,8 @@ class TakenTargets:
 
     def move_again(self, job: Job, rank: RankTemplate) -> bool:
         """The ranks of the node ``rank`` leaves moved off ``rank.node``, their taken target,
-        to another healthy free node (False: not a relocation's target, or none free)."""
+        to another healthy free node (True too when a delivery of the same refusal moved them
+        first; False: not a relocation's target, a rank of the attempt runs there, none free)."""
         fresh = self.data.jobs.get_job(job.job_id)
         if fresh is None or fresh.state is not JobState.STARTING or fresh.attempt != job.attempt \
                 or not fresh.relocated or rank.previous is None:
