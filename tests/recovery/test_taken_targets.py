@@ -57,7 +57,8 @@ def _dead_gpu(w: World, arns: list[str]) -> None:
     w.service.on_health_check_stopped(w.health_check_stopped(task, 2))
 
 
-def _running(w: World, job_id: str) -> list[str]:
+def _training_on(w: World) -> list[str]:
+    """The nodes the job's training tasks run on (not a check's, not the other scheduler's)."""
     return sorted(t.node for t in w.ecs.tasks.values()
                   if t.last_status == "RUNNING" and t.group != C.HEALTH_CHECK_GROUP
                   and t.started_by != "another-scheduler")
@@ -89,7 +90,7 @@ def test_a_taken_target_moves_the_rank_to_another_free_node_instead_of_waiting(
             w.service.sweep()
         job = w.repo.jobs.get_job("j")
         assert job.state is JobState.RUNNING and job.attempt == 2
-        assert _running(w, "j") == sorted([PEER, other])
+        assert _training_on(w) == sorted([PEER, other])
         assert not [n for n in w.notifier.sent if n.kind is C.NotificationKind.FAILED]
 
 
